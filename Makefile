@@ -1,0 +1,30 @@
+# The quick start is two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all lint fuzz bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m symkern demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+# the long property profile (CI runs the bounded one)
+test-all: $(STAMP)
+	SYMKERN_SLOW=1 $(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

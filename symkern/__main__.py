@@ -1,0 +1,7 @@
+"""`python -m symkern ...`: see symkern.cli."""
+
+import sys
+
+from symkern.cli import main
+
+sys.exit(main())

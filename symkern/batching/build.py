@@ -1,0 +1,90 @@
+"""batching: build_function and build_nn_function, the entry points that run all four stages.
+
+Imports every other part of symkern (the top of the import direction).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from symkern.batching.kernel import Kernel, KernelSignature
+from symkern.codegen.pipeline import generate
+from symkern.errors import BuildError
+from symkern.kernels.stage import compile_kernel
+from symkern.symbolic.arguments import (
+    check_unique_symbols,
+    data_argument,
+    equation_set,
+    parameter_arguments,
+)
+
+
+def resolve_dtype(dtype: Any) -> np.dtype:
+    """`None` → JAX's default float (float32, or float64 under jax_enable_x64)."""
+    if dtype is None:
+        return np.dtype(jnp.result_type(float))
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError as error:
+        raise BuildError(f"dtype: expected a floating dtype such as 'float32', got {dtype!r}") from error
+    if resolved not in (np.dtype("float32"), np.dtype("float64")):
+        raise BuildError(f"dtype: expected float32 or float64, got {resolved.name}")
+    if resolved == np.dtype("float64") and not jax.config.jax_enable_x64:
+        raise BuildError(
+            "dtype: float64 needs jax.config.update('jax_enable_x64', True) before building; "
+            "without it JAX computes in float32"
+        )
+    return resolved
+
+
+def build_function(
+    eqs: Any,
+    *data_args: Any,
+    params: Any = None,
+    cse: bool = True,
+    dtype: Any = None,
+    embed_max_bytes: int = 32,
+    functions: Mapping[str, Callable] | None = None,
+) -> Kernel:
+    """Compile SymPy equations into a batched kernel.
+
+    `eqs` is an Expr, a Matrix, an Array, or a pytree (dict / list / tuple) of those; each
+    data argument is a list/tuple/Matrix of symbols (a vector), a MatrixSymbol, or one
+    Symbol; `params` is a pytree whose leaves are Symbols, MatrixSymbols or Matrices of
+    symbols; `functions` maps the name of an undefined SymPy Function to a JAX function.
+
+    >>> import sympy as sp
+    >>> x0, x1, a = sp.symbols("x0 x1 a")
+    >>> k = build_function(sp.sin(x0) * a + x1**2, [x0, x1], params={"a": a})
+    >>> float(k(np.array([0.0, 3.0]), {"a": 2.0}))
+    9.0
+    """
+    if not isinstance(cse, bool):
+        raise BuildError(f"cse: expected True or False, got {cse!r}")
+    if not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
+        raise BuildError(f"embed_max_bytes: expected a non-negative int, got {embed_max_bytes!r}")
+    functions = dict(functions or {})
+    for name, implementation in functions.items():
+        if not isinstance(name, str) or not callable(implementation):
+            raise BuildError(f"functions[{name!r}]: expected a name mapped to a callable, "
+                             f"got {type(implementation).__name__}")
+    resolved_dtype = resolve_dtype(dtype)
+    start = time.perf_counter()
+    data = [data_argument(arg, k + 1) for k, arg in enumerate(data_args)]
+    parameters, treedef = parameter_arguments(params)
+    check_unique_symbols(data + parameters)
+    equations = equation_set(eqs)
+    generated = generate(equations, data + parameters, len(data), cse=cse, functions=functions)
+    compiled_at = time.perf_counter()
+    function = compile_kernel(generated.module, functions, "<symkern kernel>")
+    timings = dict(generated.timings)
+    timings["python_compile"] = time.perf_counter() - compiled_at
+    timings["build"] = time.perf_counter() - start
+    signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype)
+    return Kernel(generated, function, signature, equations, timings)

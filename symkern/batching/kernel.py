@@ -1,0 +1,286 @@
+"""batching, stage 4: the Kernel a user calls — argument checks, batch shapes, result structure.
+
+Imports jax, numpy, symkern.kernels, symkern.codegen, symkern.symbolic and symkern.errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from symkern.codegen.pipeline import GeneratedCode
+from symkern.errors import ArgumentError, DtypeMismatchError
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What a kernel takes: its data arguments, its parameter leaves and tree, its dtype."""
+
+    data: tuple[ArgumentSpec, ...]
+    parameters: tuple[ArgumentSpec, ...]
+    parameter_treedef: Any
+    dtype: np.dtype
+
+    @property
+    def has_parameters(self) -> bool:
+        return bool(self.parameters)
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_dtype_policy(dtype: np.dtype) -> None:
+    """A float64 kernel needs jax_enable_x64 now as when it was built."""
+    if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+        raise DtypeMismatchError(
+            f"dtype: this kernel computes in {np.dtype(dtype).name}, which needs "
+            "jax.config.update('jax_enable_x64', True); with x64 disabled JAX would "
+            "silently compute in float32"
+        )
+
+
+class Kernel:
+    """A batched, compiled evaluation of a set of SymPy equations.
+
+    Call it as `kernel(*data, ps)` (or `kernel(*data)` without parameters). Each data
+    argument takes an array of shape `batch + per-sample shape`, all with the same batch
+    shape; the result has the equations' structure, each leaf shaped `batch + its shape`.
+    It is an ordinary JAX function: `jax.jit`, `jax.grad` and `jax.vmap` go through it.
+
+    >>> import sympy as sp, symkern as sk
+    >>> x0, x1, a = sp.symbols("x0 x1 a")
+    >>> k = sk.build_function(sp.sin(x0) * a + x1**2, [x0, x1], params={"a": a})
+    >>> k(np.zeros((4, 2)), {"a": 2.0}).shape
+    (4,)
+    """
+
+    def __init__(
+        self,
+        generated: GeneratedCode,
+        function: Callable[..., tuple[Any, ...]],
+        signature: KernelSignature,
+        equations: EquationSet,
+        timings: dict[str, float],
+        const_args: tuple[Any, ...] = (),
+    ) -> None:
+        self._generated = generated
+        self._function = function
+        self.signature = signature
+        self.equations = equations
+        self.timings = dict(timings)
+        self._const_args = tuple(const_args)
+        self._jitted = jax.jit(self._evaluate)
+        # Top-level calls run the entries and their assembly as two executables: stacking
+        # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
+        self._compute_jitted = jax.jit(self._compute)
+        self._assemble_jitted = jax.jit(self._assemble)
+        self._needs_assembly = any(self.equations.shapes)
+        self._seen: set[tuple] = set()
+        self._lock = threading.Lock()
+        self.compilations = 0
+
+    # ---- what each stage produced -------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The kernel's code after every rewrite rule (stage 2), as astor prints it."""
+        return self._generated.source
+
+    @property
+    def upstream_source(self) -> str:
+        """The per-sample code SymPy's JAX printer emitted (stage 1)."""
+        return self._generated.upstream.source
+
+    @property
+    def const_args(self) -> tuple[Any, ...]:
+        """Constants passed to the executable before the data arguments."""
+        return self._const_args
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.signature.dtype
+
+    def __repr__(self) -> str:
+        data = ", ".join(f"{s.label}: {_shape_text(s.shape)}" for s in self.signature.data)
+        params = ", ps" if self.signature.has_parameters else ""
+        return f"Kernel({data}{params}) -> {len(self.equations.leaves)} equation(s), {self.dtype.name}"
+
+    # ---- the traced computation ---------------------------------------------------------
+    def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
+        """Every scalar entry of every equation, each shaped like the batch."""
+        arguments = list(const_args) + list(data)
+        if self.signature.has_parameters:
+            arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                          parameter_leaves))
+        batch_shape = self._batch_shape_of(data)
+        return tuple(jnp.broadcast_to(jnp.asarray(entry, self.dtype), batch_shape)
+                     for entry in self._function(*arguments))
+
+    def _assemble(self, entries: tuple) -> Any:
+        """Entries → the equations' structure, each array leaf shaped `batch + its shape`."""
+        batch_shape = tuple(np.shape(entries[0]))
+        leaves, start = [], 0
+        for shape in self.equations.shapes:
+            count = int(np.prod(shape, dtype=int))
+            chunk = entries[start:start + count]
+            start += count
+            leaves.append(jnp.stack(chunk, axis=-1).reshape(batch_shape + tuple(shape))
+                          if shape else chunk[0])
+        return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
+
+    def _evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
+        return self._assemble(self._compute(const_args, data, parameter_leaves))
+
+    def _batch_shape_of(self, data: Sequence[Any]) -> tuple[int, ...]:
+        if not data:
+            return ()
+        rank = len(self.signature.data[0].shape)
+        shape = tuple(np.shape(data[0]))
+        return shape[: len(shape) - rank]
+
+    # ---- argument checks --------------------------------------------------------------------
+    def _split(self, args: tuple) -> tuple[tuple, Any]:
+        n_data = len(self.signature.data)
+        expected = n_data + (1 if self.signature.has_parameters else 0)
+        if len(args) != expected:
+            names = [s.label for s in self.signature.data]
+            if self.signature.has_parameters:
+                names.append("ps")
+            raise ArgumentError(
+                f"kernel: expected {expected} argument(s) ({', '.join(names)}), got {len(args)}"
+            )
+        return args[:n_data], (args[n_data] if self.signature.has_parameters else None)
+
+    def _as_array(self, value: Any, label: str) -> Any:
+        if isinstance(value, jax.core.Tracer) or isinstance(value, jax.Array):
+            array = value
+        else:
+            try:
+                array = np.asarray(value)
+            except (TypeError, ValueError) as error:
+                raise ArgumentError(f"{label}: expected an array of numbers, got "
+                                    f"{type(value).__name__}") from error
+        dtype = np.dtype(array.dtype)
+        if dtype.kind not in "biuf":
+            raise ArgumentError(f"{label}: expected real numbers, got dtype {dtype.name}")
+        return array if dtype == self.dtype else jnp.asarray(array, self.dtype)
+
+    def check_data(self, data: Sequence[Any]) -> tuple[Any, ...]:
+        arrays, batch = [], None
+        for spec, value in zip(self.signature.data, data, strict=True):
+            array = self._as_array(value, spec.label)
+            shape = tuple(np.shape(array))
+            rank = len(spec.shape)
+            if len(shape) < rank or shape[len(shape) - rank:] != spec.shape:
+                raise ArgumentError(
+                    f"{spec.label}: expected shape {_shape_text(('...',) + spec.shape)}, "
+                    f"got {_shape_text(shape)}"
+                )
+            this_batch = shape[: len(shape) - rank]
+            if batch is None:
+                batch = this_batch
+            elif this_batch != batch:
+                raise ArgumentError(
+                    f"{spec.label}: batch shape {_shape_text(this_batch)} differs from x1's "
+                    f"{_shape_text(batch)}; all data arguments share one batch shape"
+                )
+            arrays.append(array)
+        return tuple(arrays)
+
+    def check_parameters(self, ps: Any) -> tuple[Any, ...]:
+        if not self.signature.has_parameters:
+            return ()
+        try:
+            leaves = self.signature.parameter_treedef.flatten_up_to(ps)
+        except (ValueError, TypeError) as error:
+            raise ArgumentError(
+                f"ps: expected a tree of the structure {self.signature.parameter_treedef}, "
+                f"got {jax.tree_util.tree_structure(ps)}"
+            ) from error
+        arrays = []
+        for spec, value in zip(self.signature.parameters, leaves, strict=True):
+            array = self._as_array(value, spec.label)
+            if tuple(np.shape(array)) != spec.shape:
+                raise ArgumentError(f"{spec.label}: expected shape {_shape_text(spec.shape)}, "
+                                    f"got {_shape_text(np.shape(array))}")
+            arrays.append(array)
+        return tuple(arrays)
+
+    # ---- calling ------------------------------------------------------------------------
+    def _prepare(self, args: tuple) -> tuple:
+        check_dtype_policy(self.dtype)
+        data, ps = self._split(args)
+        return (self._const_args, self.check_data(data), self.check_parameters(ps))
+
+    def _note_compilation(self, prepared: tuple) -> None:
+        key = tuple((np.shape(a), np.dtype(a.dtype).name)
+                    for a in jax.tree_util.tree_leaves(prepared))
+        if key in self._seen:
+            return
+        with self._lock:
+            if key in self._seen:
+                return
+            start = time.perf_counter()
+            lowered = self._compute_jitted.lower(*prepared)
+            lowered_at = time.perf_counter()
+            lowered.compile()
+            done = time.perf_counter()
+            self.timings.setdefault("trace_and_lower", lowered_at - start)
+            self.timings.setdefault("xla_compile", done - lowered_at)
+            self.compilations += 1
+            self._seen.add(key)
+
+    def _run(self, prepared: tuple) -> Any:
+        if any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(prepared)):
+            return self._jitted(*prepared)
+        self._note_compilation(prepared)
+        entries = self._compute_jitted(*prepared)
+        if self._needs_assembly:
+            return self._assemble_jitted(entries)
+        return jax.tree_util.tree_unflatten(self.equations.treedef, list(entries))
+
+    def __call__(self, *args: Any) -> Any:
+        return self._run(self._prepare(args))
+
+    def jaxpr(self, *args: Any) -> Any:
+        """The jaxpr of the whole call (stage 3) for arguments of these shapes."""
+        return jax.make_jaxpr(self._jitted)(*self._prepare(args))
+
+    def hlo(self, *args: Any, dialect: str = "stablehlo") -> str:
+        """The lowered program as text, const args first in its signature."""
+        return self._jitted.lower(*self._prepare(args)).as_text(dialect=dialect)
+
+    def bind(self, ps: Any) -> BoundKernel:
+        """Freeze the parameters as device-resident arrays: `kernel.bind(ps)(X)`.
+
+        The parameters stay arguments of the executable, so binding new values of the
+        same shapes reuses the compiled program.
+        """
+        return BoundKernel(self, tuple(jax.device_put(a) for a in self.check_parameters(ps)))
+
+
+class BoundKernel:
+    """A kernel with its parameters frozen: called with the data arguments only."""
+
+    def __init__(self, kernel: Kernel, parameter_leaves: tuple[Any, ...]) -> None:
+        self.kernel = kernel
+        self.parameter_leaves = parameter_leaves
+
+    def __call__(self, *data: Any) -> Any:
+        kernel = self.kernel
+        check_dtype_policy(kernel.dtype)
+        if len(data) != len(kernel.signature.data):
+            raise ArgumentError(f"bound kernel: expected {len(kernel.signature.data)} data "
+                                f"argument(s), got {len(data)}")
+        return kernel._run((kernel.const_args, kernel.check_data(data), self.parameter_leaves))
+
+    def __repr__(self) -> str:
+        return f"BoundKernel({self.kernel!r})"

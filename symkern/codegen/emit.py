@@ -1,0 +1,207 @@
+"""codegen, stage 1: ask SymPy's own JAX code printer for the per-sample source.
+
+Imports sympy, ast and symkern.symbolic / symkern.errors; nothing from kernels or batching.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sympy as sp
+from sympy.core.function import AppliedUndef
+from sympy.matrices.expressions.matexpr import MatrixElement
+from sympy.printing.numpy import JaxPrinter
+from sympy.utilities.lambdify import _EvaluatorPrinter
+
+from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS
+from symkern.errors import BuildError, UnsupportedFunctionError
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+
+#: the name SymPy's lambdify gives the functions it prints; kept so drift tests compare like
+#: with like.
+FUNCTION_NAME = "_lambdifygenerated"
+#: generated positional names: `_a0`, `_a1`, ... (never a user's name)
+ARGUMENT_PREFIX = "_a"
+#: generated names of undefined functions: `_f0`, `_f1`, ...
+FUNCTION_PREFIX = "_f"
+#: common-subexpression names: `_c0`, `_c1`, ...
+CSE_PREFIX = "_c"
+#: names of Piecewise values hoisted out of CSE: `_w0`, `_w1`, ...
+PIECEWISE_PREFIX = "_w"
+
+
+@dataclass(frozen=True)
+class EmittedCode:
+    """Stage 1's product: the source SymPy printed, parsed, and what its names stand for.
+
+    `argument_names[k]` is the generated name of positional argument `k`;
+    `user_functions` maps each generated callee name to the key of `functions` it calls.
+    """
+
+    source: str
+    module: ast.Module
+    argument_names: tuple[str, ...]
+    user_functions: Mapping[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
+    """Every node under `roots`, each distinct node once, without recursion."""
+    seen: set[sp.Basic] = set()
+    stack = list(reversed(roots))
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        yield node
+        stack.extend(reversed(node.args))
+
+
+def _printer(user_functions: Mapping[str, str]) -> JaxPrinter:
+    # The settings sympy.lambdify passes for modules="jax"; printing function names bare
+    # (not fully qualified) is what resolve_callees normalises. Undefined functions are
+    # printed under generated names, so a user's function name never becomes code.
+    return JaxPrinter({
+        "fully_qualified_modules": False,
+        "inline": True,
+        "allow_unknown_functions": True,
+        "user_functions": dict(user_functions),
+    })
+
+
+def _generated_argument(spec: ArgumentSpec, position: int) -> tuple[sp.Basic, dict]:
+    name = f"{ARGUMENT_PREFIX}{position}"
+    if not spec.shape:
+        symbol = sp.Symbol(name)
+        return symbol, {spec.entries[0]: symbol}
+    base = sp.IndexedBase(name, shape=spec.shape)
+    indices = (
+        [(i,) for i in range(spec.shape[0])]
+        if len(spec.shape) == 1
+        else [(i, j) for i in range(spec.shape[0]) for j in range(spec.shape[1])]
+    )
+    return base, {entry: base[index] for entry, index in zip(spec.entries, indices, strict=True)}
+
+
+def _declared(arguments: Sequence[ArgumentSpec]) -> set[sp.Basic]:
+    declared: set[sp.Basic] = set()
+    for spec in arguments:
+        declared.update(spec.matrix_symbols)
+        for entry in spec.entries:
+            declared.add(entry.parent if isinstance(entry, MatrixElement) else entry)
+    return declared
+
+
+def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) -> list[str]:
+    """Unsupported SymPy functions raise; undefined ones must be in `functions`."""
+    undefined: dict[str, None] = {}
+    for node in nodes:
+        if isinstance(node, AppliedUndef):
+            name = type(node).__name__
+            if name not in functions:
+                raise UnsupportedFunctionError(
+                    f"eqs: undefined function {name}() has no implementation; pass "
+                    f'functions={{"{name}": a_jax_function}} to build_function'
+                )
+            undefined[name] = None
+        elif isinstance(node, sp.Function) and type(node).__name__ not in SUPPORTED_SYMPY_FUNCTIONS:
+            raise UnsupportedFunctionError(
+                f"eqs: SymPy function {type(node).__name__} has no JAX implementation in symkern; "
+                f"rewrite it (e.g. with .rewrite()) or pass it as an undefined Function with "
+                f"functions={{...}}"
+            )
+    return list(undefined)
+
+
+def _check_free_symbols(leaves: Sequence[sp.Basic], arguments: Sequence[ArgumentSpec]) -> None:
+    free: set[sp.Basic] = set()
+    for leaf in leaves:
+        free |= leaf.free_symbols
+    undeclared = free - _declared(arguments)
+    if undeclared:
+        names = ", ".join(sorted(str(symbol) for symbol in undeclared))
+        raise BuildError(
+            f"eqs: free symbols {names} are neither data arguments nor parameters; "
+            "add them to a data argument or to params"
+        )
+
+
+def _hoist_piecewise(leaves: list[sp.Basic]) -> tuple[list[tuple[sp.Symbol, sp.Basic]], list]:
+    """Replace each outermost Piecewise by a name, so CSE never splits its branches.
+
+    A branch that shares a subexpression with the outside would read it as a value
+    computed outside the gate that guard_piecewise_gradients puts on its inputs, and
+    an untaken branch's infinite partial derivative would come back as a NaN gradient.
+    """
+    names = sp.numbered_symbols(PIECEWISE_PREFIX)
+    replacements: dict[sp.Basic, sp.Symbol] = {}
+    for node in walk(leaves):
+        if isinstance(node, sp.Piecewise) and node not in replacements:
+            if any(node in other.atoms(sp.Piecewise) - {other} for other in replacements):
+                continue
+            replacements[node] = next(names)
+    # keep only outermost ones: a Piecewise nested inside another stays with its parent
+    outermost = {
+        piece: name for piece, name in replacements.items()
+        if not any(piece != other and other.has(piece) for other in replacements)
+    }
+    reduced = [leaf.xreplace(outermost) for leaf in leaves]
+    return [(name, piece) for piece, name in outermost.items()], reduced
+
+
+def emit(
+    equations: EquationSet,
+    arguments: Sequence[ArgumentSpec],
+    *,
+    cse: bool = True,
+    functions: Mapping[str, object] | None = None,
+) -> EmittedCode:
+    """Print the per-sample function for `equations`, one positional argument per spec.
+
+    User symbols are replaced by generated names before printing, so nothing a user
+    named ever becomes code.
+
+    >>> from symkern.symbolic.arguments import data_argument, equation_set
+    >>> x, y = sp.symbols("x y")
+    >>> print(emit(equation_set(sp.sin(x) * y), [data_argument([x, y], 1)], cse=False))
+    def _lambdifygenerated(_a0):
+        return (sin(_a0[0])*_a0[1],)
+    <BLANKLINE>
+    """
+    functions = functions or {}
+    leaves = list(equations.leaves)
+    _check_free_symbols(leaves, arguments)
+    nodes = list(walk(leaves))
+    undefined = _check_functions(nodes, functions)
+
+    substitutions: dict[sp.Basic, sp.Basic] = {}
+    printed_arguments = []
+    for position, spec in enumerate(arguments):
+        generated, mapping = _generated_argument(spec, position)
+        printed_arguments.append(generated)
+        substitutions.update(mapping)
+    user_functions = {f"{FUNCTION_PREFIX}{k}": name for k, name in enumerate(undefined)}
+    leaves = [leaf.xreplace(substitutions) for leaf in leaves]
+    if any(isinstance(n, MatrixElement) for n in walk(leaves)):
+        raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
+
+    assignments: list[tuple[sp.Symbol, sp.Basic]] = []
+    if cse:
+        assignments, leaves = _hoist_piecewise(leaves)
+        replacements, leaves = sp.cse(leaves, symbols=sp.numbered_symbols(CSE_PREFIX), list=True)
+        assignments += replacements
+    try:
+        source = _EvaluatorPrinter(
+            _printer({name: generated for generated, name in user_functions.items()}), False
+        ).doprint(
+            FUNCTION_NAME, printed_arguments, tuple(leaves), cses=assignments
+        )
+    except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
+        raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error
+    names = tuple(str(argument) for argument in printed_arguments)
+    return EmittedCode(source, ast.parse(source), names, user_functions)

@@ -1,0 +1,51 @@
+"""codegen, stage 3 helper: the only names a kernel's code can reach.
+
+Imports jax; the generated module is executed with this namespace and no builtins.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+from jax import lax
+
+
+@jax.custom_jvp
+def gate(taken, value):
+    """`value`, whose derivative is zero wherever `taken` is False.
+
+    Piecewise evaluates every branch on every sample; a branch that is not taken can have
+    an infinite partial derivative there (`sqrt` at a negative input), and zero times
+    infinity is NaN. Gating each input of a branch masks that NaN before it reaches the
+    arguments, so untaken branches contribute exactly zero to every gradient.
+    """
+    return value
+
+
+@gate.defjvp
+def _gate_jvp(primals, tangents):
+    taken, value = primals
+    _, value_tangent = tangents
+    return value, jnp.where(taken, value_tangent, jnp.zeros_like(value_tangent))
+
+
+def kernel_namespace(functions: dict | None = None) -> dict:
+    """The globals a kernel runs with: jnp, lax, jsp, gate and the user's functions."""
+    return {
+        # No builtin the generated code could name (the rules admit no such name), but C
+        # extensions called from a kernel's frame import lazily through that frame's
+        # builtins (PyImport_Import), so the import hook itself must be there.
+        "__builtins__": {"__import__": builtins.__import__},
+        "jnp": jnp,
+        "lax": lax,
+        "jsp": jsp,
+        "gate": gate,
+        "functions": dict(functions or {}),
+    }
+
+
+#: every root name that resolved kernel code may read besides its own locals
+NAMESPACE_ROOTS = frozenset(kernel_namespace()) - {"__builtins__"}

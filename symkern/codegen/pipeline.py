@@ -1,0 +1,88 @@
+"""codegen, stages 1 and 2 together: equations and arguments in, rewritten kernel source out.
+
+Imports the rest of symkern.codegen, symkern.symbolic and symkern.errors.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import astor
+
+from symkern.codegen import rules
+from symkern.codegen.emit import EmittedCode, emit
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+
+
+@dataclass(frozen=True)
+class GeneratedCode:
+    """The product of stages 1 and 2: SymPy's source, the rewritten tree and its source."""
+
+    upstream: EmittedCode
+    module: ast.Module
+    source: str
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def print_source(module: ast.Module) -> str:
+    """The tree as readable source, one statement a line (astor, without its line wrapping)."""
+    return astor.to_source(module, pretty_source="".join)
+
+
+def _printed_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    # A column Matrix is printed as array([[a], [b]]): nesting (m, 1) for result shape (m,).
+    return (shape[0], 1) if len(shape) == 1 else tuple(shape)
+
+
+def rule_sequence(
+    emitted: EmittedCode,
+    equations: EquationSet,
+    arguments: Sequence[ArgumentSpec],
+    data_count: int,
+) -> list[tuple[str, Callable[[ast.Module], ast.Module]]]:
+    """The rules in their fixed order, each bound to what it needs to know."""
+    data_ranks = {f"x{k + 1}": len(spec.shape) for k, spec in enumerate(arguments[:data_count])}
+    printed_shapes = [
+        _printed_shape(shape) if hasattr(leaf, "rows") else shape
+        for leaf, shape in zip(equations.leaves, equations.shapes, strict=True)
+    ]
+    paths = [spec.path for spec in arguments[data_count:]]
+    return [
+        ("substitute_arguments", lambda m: rules.substitute_arguments(
+            m, emitted.argument_names, data_count, paths)),
+        ("unfold_reductions", rules.unfold_reductions),
+        ("resolve_callees", lambda m: rules.resolve_callees(m, emitted.user_functions)),
+        ("use_integer_pow", rules.use_integer_pow),
+        ("index_by_batch", lambda m: rules.index_by_batch(m, data_ranks)),
+        ("guard_piecewise_gradients", rules.guard_piecewise_gradients),
+        ("stack_outputs", lambda m: rules.stack_outputs(m, printed_shapes)),
+        ("broadcast_constant_outputs", lambda m: rules.broadcast_constant_outputs(
+            m, list(data_ranks.values()))),
+    ]
+
+
+def generate(
+    equations: EquationSet,
+    arguments: Sequence[ArgumentSpec],
+    data_count: int,
+    *,
+    cse: bool = True,
+    functions: Mapping[str, object] | None = None,
+) -> GeneratedCode:
+    """Emit the per-sample code for `equations`, then apply every rule in order."""
+    start = time.perf_counter()
+    emitted = emit(equations, arguments, cse=cse, functions=functions)
+    emitted_at = time.perf_counter()
+    module = ast.parse(emitted.source)
+    for _name, rule in rule_sequence(emitted, equations, arguments, data_count):
+        module = rule(module)
+    source = print_source(module)
+    done = time.perf_counter()
+    return GeneratedCode(emitted, module, source,
+                         {"emit": emitted_at - start, "rewrite": done - emitted_at})

@@ -1,0 +1,412 @@
+"""codegen, stage 2: the rewrite rules, one function per problem, applied in a fixed order.
+
+Imports ast, symkern.codegen.callee and symkern.errors. Each rule is `ast.Module -> ast.Module`
+and raises CodegenDriftError, naming itself, when the upstream form it matches is not there.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from collections.abc import Mapping, Sequence
+
+from symkern.codegen.callee import (
+    CALLEE_TABLE,
+    CONSTANT_TABLE,
+    callee_name,
+    target_node,
+)
+from symkern.codegen.namespace import NAMESPACE_ROOTS
+from symkern.errors import CodegenDriftError
+
+#: the name of the rewritten function
+KERNEL_NAME = "kernel"
+#: generated locals that carry values a Piecewise branch may read (CSE, hoisted Piecewise)
+VALUE_NAME = re.compile(r"_[cw]\d+$")
+DATA_NAME = re.compile(r"x\d+$")
+
+
+def _drift(rule: str, expected: str, found: str) -> CodegenDriftError:
+    return CodegenDriftError(f"{rule}: expected {expected}, found {found}")
+
+
+def _function(module: ast.Module, rule: str) -> ast.FunctionDef:
+    functions = [node for node in module.body if isinstance(node, ast.FunctionDef)]
+    if len(module.body) != 1 or len(functions) != 1:
+        found = ", ".join(type(node).__name__ for node in module.body) or "nothing"
+        raise _drift(rule, "a module holding exactly one function definition", found)
+    return functions[0]
+
+
+def _return(function: ast.FunctionDef, rule: str) -> ast.Return:
+    last = function.body[-1]
+    if not isinstance(last, ast.Return) or last.value is None:
+        raise _drift(rule, "the function to end in `return <value>`", ast.unparse(last))
+    return last
+
+
+def _load(name: str) -> ast.Name:
+    return ast.Name(name, ast.Load())
+
+
+def _path_node(root: str, path: Sequence[object]) -> ast.expr:
+    node: ast.expr = _load(root)
+    for key in path:
+        node = ast.Subscript(node, ast.Constant(key), ast.Load())
+    return node
+
+
+def substitute_arguments(
+    module: ast.Module,
+    argument_names: Sequence[str],
+    data_count: int,
+    parameter_paths: Sequence[Sequence[object]],
+) -> ast.Module:
+    """Rebind the generated argument names *by position* to `x1`, `x2`, … and `ps[...]`.
+
+    The function becomes `kernel(x1, …, ps)` (no `ps` without parameters); a parameter
+    leaf `k` is read as its access path `ps["L1"]["W"]`.
+    """
+    rule = "substitute_arguments"
+    function = _function(module, rule)
+    found = [arg.arg for arg in function.args.args]
+    arguments = function.args
+    if (found != list(argument_names) or arguments.vararg or arguments.kwarg
+            or arguments.kwonlyargs or arguments.defaults or arguments.posonlyargs):
+        raise _drift(rule, f"positional arguments {list(argument_names)}",
+                     f"def {function.name}({ast.unparse(arguments)})")
+    if len(argument_names) != data_count + len(parameter_paths):
+        raise _drift(rule, f"{data_count + len(parameter_paths)} arguments",
+                     f"{len(argument_names)}")
+    targets: dict[str, ast.expr] = {}
+    for position, name in enumerate(argument_names):
+        if position < data_count:
+            targets[name] = _load(f"x{position + 1}")
+        else:
+            targets[name] = _path_node("ps", parameter_paths[position - data_count])
+
+    class Rebind(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            if node.id in targets:
+                if not isinstance(node.ctx, ast.Load):
+                    raise _drift(rule, f"argument {node.id} only read", "an assignment to it")
+                return copy.deepcopy(targets[node.id])
+            return node
+
+    function.body = [Rebind().visit(statement) for statement in function.body]
+    new_arguments = [ast.arg(f"x{k + 1}") for k in range(data_count)]
+    if parameter_paths:
+        new_arguments.append(ast.arg("ps"))
+    function.args = ast.arguments(posonlyargs=[], args=new_arguments, kwonlyargs=[],
+                                  kw_defaults=[], defaults=[])
+    function.name = KERNEL_NAME
+    return ast.fix_missing_locations(module)
+
+
+def _balanced(func: ast.expr, items: list[ast.expr]) -> ast.expr:
+    while len(items) > 1:
+        paired = [ast.Call(copy.deepcopy(func), [items[k], items[k + 1]], [])
+                  for k in range(0, len(items) - 1, 2)]
+        if len(items) % 2:
+            paired.append(items[-1])
+        items = paired
+    return items[0]
+
+
+def unfold_reductions(module: ast.Module) -> ast.Module:
+    """`reduce(maximum, [a, b, c])` (how Min/Max print) → `maximum(maximum(a, b), c)`.
+
+    Pairwise, so the nesting depth grows with the logarithm of the number of arguments.
+    """
+    rule = "unfold_reductions"
+
+    class Unfold(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id == "reduce":
+                if (len(node.args) != 2 or node.keywords
+                        or not isinstance(node.args[1], (ast.List, ast.Tuple))
+                        or not node.args[1].elts):
+                    raise _drift(rule, "reduce(function, [arguments, ...])", ast.unparse(node))
+                return _balanced(node.args[0], list(node.args[1].elts))
+            return node
+
+    return ast.fix_missing_locations(Unfold().visit(module))
+
+
+def _local_names(function: ast.FunctionDef) -> set[str]:
+    names = {arg.arg for arg in function.args.args}
+    for statement in function.body:
+        if isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def resolve_callees(module: ast.Module, user_functions: Mapping[str, str]) -> ast.Module:
+    """Rebind every callee, whatever form it was printed in, to the kernel namespace.
+
+    All forms go through `callee_name`, then through one table (`CALLEE_TABLE`); printed
+    constants (`pi`, `e`, `nan`) go to `jnp`; generated names of undefined functions go to
+    `functions["name"]`. Anything else is drift, reported with the SymPy functions that
+    print that way.
+    """
+    rule = "resolve_callees"
+    function = _function(module, rule)
+    local = _local_names(function)
+
+    class Resolve(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            # the callee itself is resolved here, not visited as a name
+            node.args = [self.visit(argument) for argument in node.args]
+            node.keywords = [self.visit(keyword) for keyword in node.keywords]
+            callee = callee_name(node.func)
+            if callee.receiver is not None:
+                callee = type(callee)(callee.name, self.visit(callee.receiver))
+            if callee.name in user_functions and callee.receiver is None:
+                node.func = ast.Subscript(_load("functions"),
+                                          ast.Constant(user_functions[callee.name]), ast.Load())
+                return node
+            row = CALLEE_TABLE.get(callee.name)
+            if row is None:
+                raise _drift(rule, "a callee in CALLEE_TABLE",
+                             f"{callee.name!r} in {ast.unparse(node)}")
+            arguments = ([callee.receiver] if callee.receiver is not None else []) + node.args
+            if row.arity is not None and len(arguments) != row.arity:
+                raise _drift(rule, f"{callee.name}() with {row.arity} argument(s) "
+                             f"(as printed for SymPy {', '.join(row.sympy)})", ast.unparse(node))
+            return ast.Call(target_node(row.target), arguments, node.keywords)
+
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            if node.id in CONSTANT_TABLE:
+                return target_node(CONSTANT_TABLE[node.id])
+            if node.id in local or node.id in NAMESPACE_ROOTS or DATA_NAME.match(node.id):
+                return node
+            raise _drift(rule, "only arguments, generated locals and printed constants as names",
+                         repr(node.id))
+
+        def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+            raise _drift(rule, "attributes only as callees", ast.unparse(node))
+
+    function.body = [Resolve().visit(statement) for statement in function.body]
+    return ast.fix_missing_locations(module)
+
+
+def _integer_exponent(node: ast.expr) -> int | None:
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        sign, node = -1, node.operand
+    if (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool) and float(node.value).is_integer()):
+        return sign * int(node.value)
+    return None
+
+
+def use_integer_pow(module: ast.Module) -> ast.Module:
+    """`a**2`, `a**(-1.0)` → `lax.integer_pow(a, 2)`, `lax.integer_pow(a, -1)`.
+
+    SymPy prints negative integer powers with a float exponent; `integer_pow` lowers to
+    multiplications instead of a `pow` call and differentiates without a `log`.
+    """
+
+    class IntegerPow(ast.NodeTransformer):
+        def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+            self.generic_visit(node)
+            if isinstance(node.op, ast.Pow):
+                exponent = _integer_exponent(node.right)
+                if exponent is not None:
+                    return ast.Call(target_node("lax.integer_pow"),
+                                    [node.left, ast.Constant(exponent)], [])
+            return node
+
+    return ast.fix_missing_locations(IntegerPow().visit(module))
+
+
+def _constant_indices(index: ast.expr) -> tuple[int, ...] | None:
+    elements = index.elts if isinstance(index, ast.Tuple) else [index]
+    values = []
+    for element in elements:
+        if not (isinstance(element, ast.Constant) and type(element.value) is int):
+            return None
+        values.append(element.value)
+    return tuple(values)
+
+
+def index_by_batch(module: ast.Module, data_ranks: Mapping[str, int]) -> ast.Module:
+    """`x1[i]`, `x1[i, 0]` → `x1[..., i]`; `x2[i, j]` → `x2[..., i, j]` for matrix data.
+
+    The batch dimension leads. Any other use of a vector or matrix data argument (the whole
+    array, a slice, a computed index) is rejected: the batch dimension would silently be
+    ignored for it. A scalar data argument is read whole.
+    """
+    rule = "index_by_batch"
+
+    def batched(name: str, indices: tuple[int, ...]) -> ast.Subscript:
+        elements: list[ast.expr] = [ast.Constant(Ellipsis)]
+        elements += [ast.Constant(i) for i in indices]
+        return ast.Subscript(_load(name), ast.Tuple(elements, ast.Load()), ast.Load())
+
+    class Index(ast.NodeTransformer):
+        def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
+            if isinstance(node.value, ast.Name) and node.value.id in data_ranks:
+                name, rank = node.value.id, data_ranks[node.value.id]
+                indices = _constant_indices(node.slice)
+                if rank == 1 and indices is not None and len(indices) == 2 and indices[1] == 0:
+                    indices = indices[:1]
+                if rank == 0 or indices is None or len(indices) != rank:
+                    raise _drift(rule, f"{name} read one entry at a time as {name}[i"
+                                 f"{', j' if rank == 2 else ''}]", ast.unparse(node))
+                return batched(name, indices)
+            self.generic_visit(node)
+            return node
+
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            if data_ranks.get(node.id, 0) > 0:
+                raise _drift(rule, f"{node.id} read one entry at a time",
+                             f"the whole array {node.id} used")
+            return node
+
+    return ast.fix_missing_locations(Index().visit(module))
+
+
+def _is_leaf_read(node: ast.expr) -> bool:
+    """A read of an input value: a data entry, a parameter entry or a generated local."""
+    if isinstance(node, ast.Name):
+        return bool(DATA_NAME.match(node.id) or VALUE_NAME.match(node.id))
+    if isinstance(node, ast.Subscript):
+        root = node
+        while isinstance(root, ast.Subscript):
+            root = root.value
+        return isinstance(root, ast.Name) and (root.id == "ps" or bool(DATA_NAME.match(root.id)))
+    return False
+
+
+def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
+    """Make Piecewise gradient-safe: inputs of each branch go through `gate(taken, ·)`.
+
+    `jnp.select(conditions, choices)` becomes a branch index `_bK` computed once from the
+    conditions, a select on that index, and choices whose every input read is gated by
+    `_bK == k`: an untaken branch then contributes an exact zero, never a NaN, to a gradient.
+    """
+    rule = "guard_piecewise_gradients"
+    function = _function(module, rule)
+    counter = iter(range(1 << 30))
+    new_body: list[ast.stmt] = []
+
+    class Gate(ast.NodeTransformer):
+        def __init__(self, taken: ast.expr) -> None:
+            self.taken = taken
+
+        def visit(self, node: ast.AST) -> ast.AST:
+            if isinstance(node, ast.expr) and _is_leaf_read(node):
+                return ast.Call(_load("gate"), [copy.deepcopy(self.taken), node], [])
+            return super().visit(node)
+
+    class Guard(ast.NodeTransformer):
+        def __init__(self) -> None:
+            self.prelude: list[ast.stmt] = []
+
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if callee_name(node.func).name != "select":
+                return node
+            if (len(node.args) != 2 or not all(isinstance(a, ast.List) for a in node.args)
+                    or len(node.args[0].elts) != len(node.args[1].elts)):
+                raise _drift(rule, "select([conditions], [choices], default=...)",
+                             ast.unparse(node))
+            conditions, choices = node.args[0].elts, node.args[1].elts
+            if not any(_is_leaf_read(n) for c in choices for n in ast.walk(c)):
+                return node
+            branch = f"_b{next(counter)}"
+            self.prelude.append(ast.Assign(
+                [ast.Name(branch, ast.Store())],
+                ast.Call(copy.deepcopy(node.func),
+                         [ast.List(conditions, ast.Load()),
+                          ast.List([ast.Constant(k) for k in range(len(choices))], ast.Load())],
+                         [ast.keyword("default", ast.Constant(-1))]),
+            ))
+            taken = [ast.Compare(_load(branch), [ast.Eq()], [ast.Constant(k)])
+                     for k in range(len(choices))]
+            gated = [Gate(taken[k]).visit(choice) for k, choice in enumerate(choices)]
+            return ast.Call(node.func, [ast.List(copy.deepcopy(taken), ast.Load()),
+                                        ast.List(gated, ast.Load())], node.keywords)
+
+    for statement in function.body:
+        guard = Guard()
+        statement = guard.visit(statement)
+        new_body.extend(guard.prelude)
+        new_body.append(statement)
+    function.body = new_body
+    return ast.fix_missing_locations(module)
+
+
+def _nested_entries(node: ast.expr, shape: Sequence[int], rule: str) -> list[ast.expr]:
+    if not shape:
+        return [node]
+    if not isinstance(node, ast.List) or len(node.elts) != shape[0]:
+        raise _drift(rule, f"a nested list of {shape[0]} entries", ast.unparse(node)[:200])
+    entries: list[ast.expr] = []
+    for element in node.elts:
+        entries.extend(_nested_entries(element, shape[1:], rule))
+    return entries
+
+
+def stack_outputs(module: ast.Module, printed_shapes: Sequence[Sequence[int]]) -> ast.Module:
+    """The printer's return (a tuple with one array constructor per array equation) → one
+    flat tuple of scalar entries, row-major, each with the batch shape.
+
+    Assembling them into `(..., m, n)` arrays is left to the caller, outside the fused
+    body: a stack inside it measured 100× slower (ANCHORS.md).
+    """
+    rule = "stack_outputs"
+    function = _function(module, rule)
+    returned = _return(function, rule)
+    if not isinstance(returned.value, ast.Tuple) or len(returned.value.elts) != len(printed_shapes):
+        raise _drift(rule, f"a tuple of {len(printed_shapes)} outputs", ast.unparse(returned.value)[:200])
+    entries: list[ast.expr] = []
+    for value, shape in zip(returned.value.elts, printed_shapes, strict=True):
+        if not shape:
+            entries.append(value)
+            continue
+        if not (isinstance(value, ast.Call) and callee_name(value.func).name == "array"
+                and len(value.args) == 1 and not value.keywords):
+            raise _drift(rule, "array([...]) around an array equation", ast.unparse(value)[:200])
+        entries.extend(_nested_entries(value.args[0], shape, rule))
+    returned.value = ast.Tuple(entries, ast.Load())
+    return ast.fix_missing_locations(module)
+
+
+def _reads_data(node: ast.AST, data_locals: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and (DATA_NAME.match(n.id) or n.id in data_locals)
+               for n in ast.walk(node))
+
+
+def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) -> ast.Module:
+    """An output that reads no data argument → `jnp.broadcast_to(value, <batch shape>)`.
+
+    SymPy prints `x/x` as `1`: without this, a batch would come back as one number. The
+    batch shape is read off `x1` (its shape less the per-sample dimensions).
+    """
+    rule = "broadcast_constant_outputs"
+    function = _function(module, rule)
+    returned = _return(function, rule)
+    if not data_ranks:
+        return module
+    if not isinstance(returned.value, ast.Tuple):
+        raise _drift(rule, "a flat tuple of outputs (stack_outputs first)", ast.unparse(returned))
+    data_locals: set[str] = set()
+    for statement in function.body[:-1]:
+        if isinstance(statement, ast.Assign) and _reads_data(statement.value, data_locals):
+            data_locals.update(n.id for t in statement.targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+    shape: ast.expr = ast.Attribute(_load("x1"), "shape", ast.Load())
+    if data_ranks[0]:
+        shape = ast.Subscript(shape, ast.Slice(None, ast.Constant(-data_ranks[0]), None),
+                              ast.Load())
+    returned.value.elts = [
+        value if _reads_data(value, data_locals)
+        else ast.Call(target_node("jnp.broadcast_to"), [value, copy.deepcopy(shape)], [])
+        for value in returned.value.elts
+    ]
+    return ast.fix_missing_locations(module)

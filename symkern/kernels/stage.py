@@ -1,0 +1,25 @@
+"""kernels, stage 3: compile the rewritten module, trace it to a jaxpr, lower and compile it.
+
+Imports jax, symkern.codegen and symkern.errors; nothing from batching.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from symkern.codegen.namespace import kernel_namespace
+from symkern.codegen.rules import KERNEL_NAME
+
+
+def compile_kernel(module: ast.Module, functions: Mapping[str, Callable] | None,
+                   filename: str) -> Callable[..., tuple[Any, ...]]:
+    """Turn the rewritten tree into a Python function.
+
+    The code is ours (built rule by rule from SymPy's output, never from a user's text);
+    it runs in a namespace holding only the kernel namespace and no builtins.
+    """
+    namespace = kernel_namespace(dict(functions or {}))
+    exec(compile(module, filename, "exec"), namespace)  # noqa: S102 - generated tree, no user text
+    return namespace[KERNEL_NAME]

@@ -1,0 +1,227 @@
+"""symbolic: data arguments, parameter trees and equation sets, described by shape and entries.
+
+Imports sympy, numpy, jax.tree_util and symkern.errors; nothing else of symkern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import sympy as sp
+from sympy.logic.boolalg import BooleanAtom, BooleanFunction
+from sympy.matrices.expressions.matexpr import MatrixElement
+
+from symkern.errors import BuildError
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ArgumentSpec:
+    """One positional argument of a kernel: a data argument or one parameter leaf.
+
+    `label` is how the argument is named in generated code and in error messages
+    (`x1`, `ps["L1"]["W"]`); `entries` are the user's symbols in row-major order;
+    `shape` is the per-sample shape the caller passes (a batch shape leads for data).
+    """
+
+    label: str
+    shape: Shape
+    entries: tuple[sp.Basic, ...]
+    matrix_symbols: tuple[sp.MatrixSymbol, ...] = ()
+    path: tuple[Any, ...] = ()
+
+    @property
+    def is_data(self) -> bool:
+        return not self.label.startswith("ps")
+
+    def __repr__(self) -> str:
+        return f"ArgumentSpec({self.label}: shape {self.shape})"
+
+
+def _matrix_shape(rows: int, cols: int, *, vector_rows: bool) -> Shape:
+    if cols == 1:
+        return (rows,)
+    if rows == 1 and vector_rows:
+        return (cols,)
+    return (rows, cols)
+
+
+def _check_entry(entry: Any, where: str) -> sp.Basic:
+    if isinstance(entry, sp.Symbol) or isinstance(entry, MatrixElement):
+        return entry
+    raise BuildError(
+        f"{where}: expected a SymPy Symbol, got {type(entry).__name__} {entry!r}; "
+        "arguments must be symbols, not expressions"
+    )
+
+
+def _leaf_spec(obj: Any, label: str, path: tuple[Any, ...], *, vector_rows: bool) -> ArgumentSpec:
+    if isinstance(obj, sp.Symbol):
+        return ArgumentSpec(label, (), (obj,), (), path)
+    if isinstance(obj, sp.MatrixSymbol):
+        rows, cols = (int(d) for d in obj.shape)
+        entries = tuple(obj[i, j] for i in range(rows) for j in range(cols))
+        return ArgumentSpec(label, _matrix_shape(rows, cols, vector_rows=vector_rows), entries,
+                            (obj,), path)
+    if isinstance(obj, sp.MatrixBase):
+        rows, cols = obj.shape
+        entries = tuple(_check_entry(e, f"{label}[{k}]") for k, e in enumerate(obj))
+        return ArgumentSpec(label, _matrix_shape(rows, cols, vector_rows=vector_rows), entries,
+                            (), path)
+    if vector_rows and isinstance(obj, (list, tuple)):
+        if not obj:
+            raise BuildError(f"{label}: expected at least one symbol, got an empty {type(obj).__name__}")
+        entries = tuple(_check_entry(e, f"{label}[{k}]") for k, e in enumerate(obj))
+        return ArgumentSpec(label, (len(entries),), entries, (), path)
+    expected = ("a Symbol, a MatrixSymbol, a Matrix of symbols or a list/tuple of symbols"
+                if vector_rows else "a Symbol, a MatrixSymbol or a Matrix of symbols")
+    raise BuildError(f"{label}: expected {expected}, got {type(obj).__name__} {obj!r}")
+
+
+def data_argument(obj: Any, position: int) -> ArgumentSpec:
+    """Describe data argument number `position` (1-based), named `x{position}` in code.
+
+    >>> x0, x1 = sp.symbols("x0 x1")
+    >>> data_argument([x0, x1], 1)
+    ArgumentSpec(x1: shape (2,))
+    """
+    return _leaf_spec(obj, f"x{position}", (), vector_rows=True)
+
+
+def format_path(path: Sequence[Any]) -> str:
+    """`("L1", "W")` → `ps["L1"]["W"]`; list positions print as `ps[0]`."""
+    return "ps" + "".join(f"[{key!r}]".replace("'", '"') for key in path)
+
+
+def _key_value(key: Any) -> Any:
+    for attribute in ("key", "idx", "name"):
+        if hasattr(key, attribute):
+            return getattr(key, attribute)
+    raise BuildError(f"params: unsupported pytree node key {key!r}")
+
+
+def is_symbolic_leaf(obj: Any) -> bool:
+    return isinstance(obj, (sp.Basic, sp.MatrixBase, sp.NDimArray))
+
+
+def parameter_arguments(params: Any) -> tuple[list[ArgumentSpec], Any]:
+    """Flatten a parameter pytree into leaf specs in argument order, and its treedef.
+
+    The order is JAX's pytree order (dict keys sorted), so the caller's tree of arrays
+    flattens into the same order.
+
+    >>> a, b = sp.symbols("a b")
+    >>> specs, _ = parameter_arguments({"L1": {"W": sp.Matrix([[a, b]])}, "c": a + 0})
+    Traceback (most recent call last):
+    ...
+    symkern.errors.BuildError: ps["c"]: expected a Symbol, a MatrixSymbol or a Matrix of symbols, got Symbol a
+    """
+    if params is None:
+        return [], jax.tree_util.tree_structure(None)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_symbolic_leaf)
+    specs: list[ArgumentSpec] = []
+    for key_path, leaf in flat:
+        path = tuple(_key_value(k) for k in key_path)
+        label = format_path(path)
+        if not isinstance(leaf, (sp.Symbol, sp.MatrixSymbol, sp.MatrixBase)):
+            raise BuildError(
+                f"{label}: expected a Symbol, a MatrixSymbol or a Matrix of symbols, "
+                f"got {type(leaf).__name__} {leaf}"
+            )
+        specs.append(_leaf_spec(leaf, label, path, vector_rows=False))
+    return specs, treedef
+
+
+def check_unique_symbols(specs: Sequence[ArgumentSpec]) -> None:
+    """Each symbol may be declared once, across all data arguments and parameter leaves."""
+    seen: dict[sp.Basic, str] = {}
+    for spec in specs:
+        for k, entry in enumerate(spec.entries):
+            where = f"{spec.label}[{k}]" if spec.shape else spec.label
+            if entry in seen:
+                raise BuildError(f"symbol {entry} is declared twice: as {seen[entry]} and as {where}")
+            seen[entry] = where
+
+
+@dataclass(frozen=True)
+class EquationSet:
+    """A pytree of equations, flattened: one leaf per equation, each with its shape.
+
+    `leaves` are SymPy objects ready to print: an `Expr` for a scalar equation, an
+    `ImmutableMatrix` or `ImmutableDenseNDimArray` for array ones; `shapes` are the
+    result shapes a caller sees after the batch shape (`m×1` Matrix → `(m,)`).
+    """
+
+    leaves: tuple[sp.Basic, ...]
+    shapes: tuple[Shape, ...]
+    treedef: Any
+
+    @property
+    def size(self) -> int:
+        total = 0
+        for shape in self.shapes:
+            count = 1
+            for dim in shape:
+                count *= dim
+            total += count
+        return total
+
+    def entries(self) -> list[sp.Basic]:
+        """Every scalar entry of every equation, in row-major order."""
+        out: list[sp.Basic] = []
+        for leaf in self.leaves:
+            if isinstance(leaf, (sp.MatrixBase, sp.NDimArray)):
+                out.extend(sp.flatten(leaf.tolist()) if isinstance(leaf, sp.NDimArray) else list(leaf))
+            else:
+                out.append(leaf)
+        return out
+
+
+def _equation_leaf(leaf: Any, where: str) -> tuple[sp.Basic, Shape]:
+    if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
+        leaf = leaf.as_explicit()
+    if isinstance(leaf, sp.MatrixBase):
+        rows, cols = leaf.shape
+        if rows == 0 or cols == 0:
+            raise BuildError(f"eqs{where}: expected a non-empty Matrix, got shape {leaf.shape}")
+        return sp.ImmutableMatrix(leaf), _matrix_shape(rows, cols, vector_rows=False)
+    if isinstance(leaf, sp.NDimArray):
+        if leaf.rank() == 0 or 0 in leaf.shape:
+            raise BuildError(f"eqs{where}: expected a non-empty Array, got shape {leaf.shape}")
+        return sp.ImmutableDenseNDimArray(leaf), tuple(int(d) for d in leaf.shape)
+    try:
+        expr = sp.sympify(leaf, strict=True)
+    except (sp.SympifyError, TypeError) as error:
+        raise BuildError(
+            f"eqs{where}: expected a SymPy expression, Matrix or Array, got "
+            f"{type(leaf).__name__}"
+        ) from error
+    if isinstance(expr, (sp.Rel, BooleanFunction, BooleanAtom)) or not isinstance(expr, sp.Expr):
+        raise BuildError(
+            f"eqs{where}: expected a numeric SymPy expression, got {type(expr).__name__} {expr}; "
+            "use Piecewise to turn a condition into a value"
+        )
+    return expr, ()
+
+
+def equation_set(eqs: Any) -> EquationSet:
+    """Flatten `eqs` (an Expr, Matrix, Array, or a pytree of them) into an `EquationSet`.
+
+    >>> x = sp.Symbol("x")
+    >>> equation_set({"v": x, "m": sp.Matrix([x, 2 * x])}).shapes
+    ((2,), ())
+    """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(eqs, is_leaf=is_symbolic_leaf)
+    if not flat:
+        raise BuildError("eqs: expected at least one equation, got an empty structure")
+    leaves, shapes = [], []
+    for key_path, leaf in flat:
+        where = "".join(f"[{_key_value(k)!r}]" for k in key_path)
+        printed, shape = _equation_leaf(leaf, where)
+        leaves.append(printed)
+        shapes.append(shape)
+    return EquationSet(tuple(leaves), tuple(shapes), treedef)
