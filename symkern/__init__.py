@@ -5,12 +5,15 @@ from symkern.batching.kernel import BoundKernel, Kernel
 from symkern.errors import (
     ArgumentError,
     BuildError,
+    CapturedConstantsWarning,
     CodegenDriftError,
     ConstArgsError,
     DtypeMismatchError,
     SymkernError,
     UnsupportedFunctionError,
 )
+from symkern.kernels.constants import ConstArg
+from symkern.kernels.export import LoadedKernel, load
 
 __version__ = "0.1.0"
 
@@ -18,11 +21,15 @@ __all__ = [
     "ArgumentError",
     "BoundKernel",
     "BuildError",
+    "CapturedConstantsWarning",
+    "ConstArg",
     "CodegenDriftError",
     "ConstArgsError",
     "DtypeMismatchError",
     "Kernel",
+    "LoadedKernel",
     "SymkernError",
     "UnsupportedFunctionError",
     "build_function",
+    "load",
 ]

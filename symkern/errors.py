@@ -36,3 +36,7 @@ class CodegenDriftError(SymkernError, RuntimeError):
     The message names the rule, what it expected and what it found: such an error means
     an upgrade of SymPy, astor or JAX changed what they emit (run `python -m symkern doctor`).
     """
+
+
+class CapturedConstantsWarning(UserWarning):
+    """A kernel holds more constant bytes than SYMKERN_CAPTURED_CONSTANTS_WARN_BYTES."""

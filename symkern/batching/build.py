@@ -5,6 +5,7 @@ Imports every other part of symkern (the top of the import direction).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from symkern.batching.kernel import Kernel, KernelSignature
-from symkern.codegen.pipeline import generate
+from symkern.codegen.pipeline import generate, print_source
 from symkern.errors import BuildError
+from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
 from symkern.kernels.stage import compile_kernel
 from symkern.symbolic.arguments import (
     check_unique_symbols,
@@ -80,11 +82,34 @@ def build_function(
     parameters, treedef = parameter_arguments(params)
     check_unique_symbols(data + parameters)
     equations = equation_set(eqs)
-    generated = generate(equations, data + parameters, len(data), cse=cse, functions=functions)
+    generated = generate(equations, data + parameters, len(data), cse=cse, functions=functions,
+                         embed_max_bytes=embed_max_bytes, dtype=resolved_dtype)
+    hoisted_at = time.perf_counter()
+    namespace_functions: dict[str, Callable] = {}
+    captured = []
+    if functions:
+        module, namespace_functions, captured = hoist_captured_constants(
+            generated.module, functions, resolved_dtype, embed_max_bytes, generated.literals)
+        generated = dataclasses.replace(generated, module=module, source=print_source(module))
+    const_args = [
+        ConstArg(literal.name, jax.device_put(literal.value),
+                 origin_of(literal.used_by, equations.label_of_entry,
+                           "array literal (hoist_array_literals)"))
+        for literal in generated.literals
+    ] + [
+        ConstArg(constant.name, jax.device_put(jnp.asarray(constant.value)),
+                 origin_of(constant.used_by, equations.label_of_entry,
+                           "closed over by "
+                           + " and ".join(f'functions["{f}"]' for f in constant.functions)
+                           + " (hoist_captured_constants)"))
+        for constant in captured
+    ]
+    warn_if_large(const_args)
     compiled_at = time.perf_counter()
-    function = compile_kernel(generated.module, functions, "<symkern kernel>")
+    function = compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
     timings = dict(generated.timings)
+    timings["hoist"] = compiled_at - hoisted_at
     timings["python_compile"] = time.perf_counter() - compiled_at
     timings["build"] = time.perf_counter() - start
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype)
-    return Kernel(generated, function, signature, equations, timings)
+    return Kernel(generated, function, signature, equations, timings, tuple(const_args))

@@ -17,6 +17,8 @@ import numpy as np
 
 from symkern.codegen.pipeline import GeneratedCode
 from symkern.errors import ArgumentError, DtypeMismatchError
+from symkern.kernels.constants import ConstArg
+from symkern.kernels.export import export_function
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 
@@ -70,7 +72,7 @@ class Kernel:
         signature: KernelSignature,
         equations: EquationSet,
         timings: dict[str, float],
-        const_args: tuple[Any, ...] = (),
+        const_args: tuple[ConstArg, ...] = (),
     ) -> None:
         self._generated = generated
         self._function = function
@@ -78,6 +80,7 @@ class Kernel:
         self.equations = equations
         self.timings = dict(timings)
         self._const_args = tuple(const_args)
+        self._const_values = tuple(c.value for c in const_args)
         self._jitted = jax.jit(self._evaluate)
         # Top-level calls run the entries and their assembly as two executables: stacking
         # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
@@ -100,8 +103,12 @@ class Kernel:
         return self._generated.upstream.source
 
     @property
-    def const_args(self) -> tuple[Any, ...]:
-        """Constants passed to the executable before the data arguments."""
+    def const_args(self) -> tuple[ConstArg, ...]:
+        """Constants passed to the executable before the data arguments, with their origins.
+
+        They are device-resident, prepended at every call, and never embedded in the
+        compiled program; the caller never passes them.
+        """
         return self._const_args
 
     @property
@@ -218,7 +225,7 @@ class Kernel:
     def _prepare(self, args: tuple) -> tuple:
         check_dtype_policy(self.dtype)
         data, ps = self._split(args)
-        return (self._const_args, self.check_data(data), self.check_parameters(ps))
+        return (self._const_values, self.check_data(data), self.check_parameters(ps))
 
     def _note_compilation(self, prepared: tuple) -> None:
         key = tuple((np.shape(a), np.dtype(a.dtype).name)
@@ -258,6 +265,26 @@ class Kernel:
         """The lowered program as text, const args first in its signature."""
         return self._jitted.lower(*self._prepare(args)).as_text(dialect=dialect)
 
+    def export(self, *args: Any) -> bytes:
+        """Serialize the kernel for `symkern.load`, with a symbolic batch shape.
+
+        `args` are example arguments (their batch shape's rank is kept, not its sizes).
+        The const args are exported as ordinary arguments: the blob does not contain them,
+        and loading it requires supplying them (`symkern.load(blob, kernel.const_args)`).
+        """
+        const_values, data, parameter_leaves = self._prepare(args)
+        ps = (jax.tree_util.tree_unflatten(self.signature.parameter_treedef, parameter_leaves)
+              if self.signature.has_parameters else None)
+        treedef = self.signature.parameter_treedef
+
+        def run(const_args: tuple, data: tuple, ps: Any) -> Any:
+            leaves = treedef.flatten_up_to(ps) if ps is not None else ()
+            return self._evaluate(const_args, data, tuple(leaves))
+
+        descriptions = [{"name": c.name, "origin": c.origin} for c in self._const_args]
+        return export_function(run, const_values, descriptions, data,
+                               [len(s.shape) for s in self.signature.data], ps, self.dtype)
+
     def bind(self, ps: Any) -> BoundKernel:
         """Freeze the parameters as device-resident arrays: `kernel.bind(ps)(X)`.
 
@@ -268,11 +295,23 @@ class Kernel:
 
 
 class BoundKernel:
-    """A kernel with its parameters frozen: called with the data arguments only."""
+    """A kernel with its parameters frozen: called with the data arguments only.
+
+    The parameter values are device-resident const args of the same executable, so
+    binding new values of the same shapes and dtypes never recompiles.
+    """
 
     def __init__(self, kernel: Kernel, parameter_leaves: tuple[Any, ...]) -> None:
         self.kernel = kernel
         self.parameter_leaves = parameter_leaves
+
+    @property
+    def const_args(self) -> tuple[ConstArg, ...]:
+        """The kernel's const args, then each frozen parameter leaf."""
+        frozen = tuple(ConstArg(spec.label, value, f"{spec.label} frozen by bind")
+                       for spec, value in zip(self.kernel.signature.parameters,
+                                              self.parameter_leaves, strict=True))
+        return self.kernel.const_args + frozen
 
     def __call__(self, *data: Any) -> Any:
         kernel = self.kernel
@@ -280,7 +319,7 @@ class BoundKernel:
         if len(data) != len(kernel.signature.data):
             raise ArgumentError(f"bound kernel: expected {len(kernel.signature.data)} data "
                                 f"argument(s), got {len(data)}")
-        return kernel._run((kernel.const_args, kernel.check_data(data), self.parameter_leaves))
+        return kernel._run((kernel._const_values, kernel.check_data(data), self.parameter_leaves))
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.kernel!r})"

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import astor
+import numpy as np
 
 from symkern.codegen import rules
 from symkern.codegen.emit import EmittedCode, emit
@@ -25,9 +26,13 @@ class GeneratedCode:
     module: ast.Module
     source: str
     timings: Mapping[str, float] = field(default_factory=dict)
+    literals: tuple[rules.HoistedLiteral, ...] = ()
 
     def __str__(self) -> str:
         return self.source
+
+
+FLOAT32 = np.dtype("float32")
 
 
 def print_source(module: ast.Module) -> str:
@@ -45,8 +50,16 @@ def rule_sequence(
     equations: EquationSet,
     arguments: Sequence[ArgumentSpec],
     data_count: int,
+    *,
+    embed_max_bytes: int = 32,
+    dtype: np.dtype = FLOAT32,
+    hoisted: list[rules.HoistedLiteral] | None = None,
 ) -> list[tuple[str, Callable[[ast.Module], ast.Module]]]:
-    """The rules in their fixed order, each bound to what it needs to know."""
+    """The rules in their fixed order, each bound to what it needs to know.
+
+    `hoisted` receives the array literals `hoist_array_literals` takes out of the code.
+    """
+    hoisted = [] if hoisted is None else hoisted
     data_ranks = {f"x{k + 1}": len(spec.shape) for k, spec in enumerate(arguments[:data_count])}
     printed_shapes = [
         _printed_shape(shape) if hasattr(leaf, "rows") else shape
@@ -64,6 +77,8 @@ def rule_sequence(
         ("stack_outputs", lambda m: rules.stack_outputs(m, printed_shapes)),
         ("broadcast_constant_outputs", lambda m: rules.broadcast_constant_outputs(
             m, list(data_ranks.values()))),
+        ("hoist_array_literals", lambda m: rules.hoist_array_literals(
+            m, embed_max_bytes, dtype, hoisted)),
     ]
 
 
@@ -74,15 +89,21 @@ def generate(
     *,
     cse: bool = True,
     functions: Mapping[str, object] | None = None,
+    embed_max_bytes: int = 32,
+    dtype: np.dtype = FLOAT32,
 ) -> GeneratedCode:
     """Emit the per-sample code for `equations`, then apply every rule in order."""
     start = time.perf_counter()
     emitted = emit(equations, arguments, cse=cse, functions=functions)
     emitted_at = time.perf_counter()
     module = ast.parse(emitted.source)
-    for _name, rule in rule_sequence(emitted, equations, arguments, data_count):
+    hoisted: list[rules.HoistedLiteral] = []
+    for _name, rule in rule_sequence(emitted, equations, arguments, data_count,
+                                     embed_max_bytes=embed_max_bytes, dtype=dtype,
+                                     hoisted=hoisted):
         module = rule(module)
     source = print_source(module)
     done = time.perf_counter()
     return GeneratedCode(emitted, module, source,
-                         {"emit": emitted_at - start, "rewrite": done - emitted_at})
+                         {"emit": emitted_at - start, "rewrite": done - emitted_at},
+                         tuple(hoisted))

@@ -1,6 +1,6 @@
 """codegen, stage 2: the rewrite rules, one function per problem, applied in a fixed order.
 
-Imports ast, symkern.codegen.callee and symkern.errors. Each rule is `ast.Module -> ast.Module`
+Imports ast, numpy, symkern.codegen.callee and symkern.errors. Each rule is `ast.Module -> ast.Module`
 and raises CodegenDriftError, naming itself, when the upstream form it matches is not there.
 """
 
@@ -10,6 +10,9 @@ import ast
 import copy
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from symkern.codegen.callee import (
     CALLEE_TABLE,
@@ -409,4 +412,104 @@ def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) ->
         else ast.Call(target_node("jnp.broadcast_to"), [value, copy.deepcopy(shape)], [])
         for value in returned.value.elts
     ]
+    return ast.fix_missing_locations(module)
+
+
+@dataclass(frozen=True)
+class HoistedLiteral:
+    """An array literal taken out of the code: its const-arg name, value and where it was."""
+
+    name: str
+    value: np.ndarray
+    used_by: tuple[int, ...]
+
+
+def _literal_value(node: ast.expr) -> object | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+            and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _literal_value(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        # SymPy prints rationals as `1/3`
+        left, right = _literal_value(node.left), _literal_value(node.right)
+        return None if left is None or right is None else left / right
+    if isinstance(node, ast.List):
+        values = [_literal_value(element) for element in node.elts]
+        return None if any(v is None for v in values) else values
+    return None
+
+
+def _output_dependencies(function: ast.FunctionDef, names: set[str]) -> dict[str, set[int]]:
+    """For each name in `names`: the flat output positions whose value reads it."""
+    reads: dict[str, set[str]] = {}
+    for statement in function.body[:-1]:
+        if isinstance(statement, ast.Assign):
+            read = {n.id for n in ast.walk(statement.value) if isinstance(n, ast.Name)}
+            for target in statement.targets:
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        reads[n.id] = read
+    returned = function.body[-1].value
+    outputs = returned.elts if isinstance(returned, ast.Tuple) else [returned]
+    found: dict[str, set[int]] = {name: set() for name in names}
+    for position, output in enumerate(outputs):
+        pending = [n.id for n in ast.walk(output) if isinstance(n, ast.Name)]
+        seen: set[str] = set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in found:
+                found[name].add(position)
+            pending.extend(reads.get(name, ()))
+    return found
+
+
+def hoist_array_literals(
+    module: ast.Module,
+    embed_max_bytes: int,
+    dtype: np.dtype,
+    hoisted: list[HoistedLiteral],
+) -> ast.Module:
+    """Array literals larger than `embed_max_bytes` → const args `_k0, _k1, …`.
+
+    Numeric `Matrix`/`Array` pieces and tables printed as `array([...])` leave the code and
+    become leading parameters of the kernel, so the compiled program never embeds them
+    (its size and compile time do not grow with theirs). Scalars and arrays of at most
+    `embed_max_bytes` stay in the code, where XLA can fold them. The same literal used
+    twice is one const arg. The values are appended to `hoisted`, in signature order.
+    """
+    rule = "hoist_array_literals"
+    function = _function(module, rule)
+    by_content: dict[tuple, str] = {}
+    values: dict[str, np.ndarray] = {}
+
+    class Hoist(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if callee_name(node.func).name != "array" or len(node.args) != 1:
+                return node
+            literal = _literal_value(node.args[0])
+            if literal is None:
+                return node
+            value = np.asarray(literal, dtype=dtype)
+            if value.ndim == 0 or value.nbytes <= embed_max_bytes:
+                return node
+            key = (value.shape, value.tobytes())
+            if key not in by_content:
+                name = f"_k{len(hoisted) + len(by_content)}"
+                by_content[key] = name
+                values[name] = value
+            return _load(by_content[key])
+
+    function.body = [Hoist().visit(statement) for statement in function.body]
+    if not by_content:
+        return module
+    dependencies = _output_dependencies(function, set(values))
+    for name, value in values.items():
+        hoisted.append(HoistedLiteral(name, value, tuple(sorted(dependencies[name]))))
+    function.args.args = [ast.arg(name) for name in values] + function.args.args
     return ast.fix_missing_locations(module)

@@ -159,6 +159,7 @@ class EquationSet:
     leaves: tuple[sp.Basic, ...]
     shapes: tuple[Shape, ...]
     treedef: Any
+    labels: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -169,6 +170,18 @@ class EquationSet:
                 count *= dim
             total += count
         return total
+
+    def label_of_entry(self, position: int) -> str:
+        """Which equation flat entry `position` belongs to, as `eqs["key"][0]`."""
+        start = 0
+        for label, shape in zip(self.labels, self.shapes, strict=True):
+            count = 1
+            for dim in shape:
+                count *= dim
+            if position < start + count:
+                return label
+            start += count
+        raise IndexError(position)
 
     def entries(self) -> list[sp.Basic]:
         """Every scalar entry of every equation, in row-major order."""
@@ -218,10 +231,11 @@ def equation_set(eqs: Any) -> EquationSet:
     flat, treedef = jax.tree_util.tree_flatten_with_path(eqs, is_leaf=is_symbolic_leaf)
     if not flat:
         raise BuildError("eqs: expected at least one equation, got an empty structure")
-    leaves, shapes = [], []
+    leaves, shapes, labels = [], [], []
     for key_path, leaf in flat:
         where = "".join(f"[{_key_value(k)!r}]" for k in key_path)
         printed, shape = _equation_leaf(leaf, where)
         leaves.append(printed)
         shapes.append(shape)
-    return EquationSet(tuple(leaves), tuple(shapes), treedef)
+        labels.append(f"eqs{where}")
+    return EquationSet(tuple(leaves), tuple(shapes), treedef, tuple(labels))

@@ -229,3 +229,30 @@ def test_broadcast_constant_outputs_rejects_an_unflattened_return():
     module = tree("def kernel(x1):\n    return 1")
     with pytest.raises(CodegenDriftError, match="broadcast_constant_outputs"):
         rules.broadcast_constant_outputs(module, [1])
+
+
+# ---- hoist_array_literals --------------------------------------------------------------------
+
+def test_hoist_array_literals_moves_large_literals_into_leading_parameters():
+    import numpy as np
+
+    module = tree(
+        "def kernel(x1):\n    _c0 = f(jnp.array([1.0, 2.0, 3.0, 4.0, 5.0]), x1[..., 0])\n"
+        "    return (_c0, g(array([1.0, 2.0, 3.0, 4.0, 5.0]), x1[..., 1]), h(array([1.0, 2.0])))"
+    )
+    hoisted = []
+    out = text(rules.hoist_array_literals(module, 32, np.dtype("float64"), hoisted))
+    assert out.startswith("def kernel(_k0, x1):")
+    assert "f(_k0, x1[..., 0])" in out and "g(_k0, x1[..., 1])" in out
+    assert "h(array([1.0, 2.0]))" in out
+    assert [h.name for h in hoisted] == ["_k0"] and hoisted[0].used_by == (0, 1)
+    np.testing.assert_array_equal(hoisted[0].value, [1, 2, 3, 4, 5])
+
+
+def test_hoist_array_literals_keeps_arrays_with_non_numeric_entries():
+    import numpy as np
+
+    module = tree("def kernel(x1):\n    return (f(array([x1[..., 0], 2.0, 3.0, 4.0, 5.0])),)")
+    hoisted = []
+    out = text(rules.hoist_array_literals(module, 0, np.dtype("float64"), hoisted))
+    assert hoisted == [] and out.startswith("def kernel(x1):")
