@@ -5,6 +5,7 @@ Imports jax, numpy, symkern.kernels, symkern.codegen, symkern.symbolic and symke
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,11 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from symkern.batching.buckets import bucket_size, pad_batch
 from symkern.codegen.pipeline import GeneratedCode
 from symkern.errors import ArgumentError, DtypeMismatchError
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import export_function
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+
+#: batches up to this many samples run as one executable (entries stacked inside it)
+FUSED_UP_TO = 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class Kernel:
         self._assemble_jitted = jax.jit(self._assemble)
         self._needs_assembly = any(self.equations.shapes)
         self._seen: set[tuple] = set()
+        self._batch_shapes: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
         self.compilations = 0
 
@@ -149,9 +155,8 @@ class Kernel:
     def _batch_shape_of(self, data: Sequence[Any]) -> tuple[int, ...]:
         if not data:
             return ()
-        rank = len(self.signature.data[0].shape)
-        shape = tuple(np.shape(data[0]))
-        return shape[: len(shape) - rank]
+        shape = tuple(data[0].shape)
+        return shape[: len(shape) - len(self.signature.data[0].shape)]
 
     # ---- argument checks --------------------------------------------------------------------
     def _split(self, args: tuple) -> tuple[tuple, Any]:
@@ -167,7 +172,9 @@ class Kernel:
         return args[:n_data], (args[n_data] if self.signature.has_parameters else None)
 
     def _as_array(self, value: Any, label: str) -> Any:
-        if isinstance(value, jax.core.Tracer) or isinstance(value, jax.Array):
+        if isinstance(value, jax.Array):  # device arrays and tracers
+            if value.dtype == self.dtype:
+                return value
             array = value
         else:
             try:
@@ -227,16 +234,15 @@ class Kernel:
         data, ps = self._split(args)
         return (self._const_values, self.check_data(data), self.check_parameters(ps))
 
-    def _note_compilation(self, prepared: tuple) -> None:
-        key = tuple((np.shape(a), np.dtype(a.dtype).name)
-                    for a in jax.tree_util.tree_leaves(prepared))
+    def _note_compilation(self, jitted: Any, key: tuple, prepared: tuple) -> None:
+        """Compile ahead of the first call for each batch shape, timing lower and compile."""
         if key in self._seen:
             return
         with self._lock:
             if key in self._seen:
                 return
             start = time.perf_counter()
-            lowered = self._compute_jitted.lower(*prepared)
+            lowered = jitted.lower(*prepared)
             lowered_at = time.perf_counter()
             lowered.compile()
             done = time.perf_counter()
@@ -245,14 +251,36 @@ class Kernel:
             self.compilations += 1
             self._seen.add(key)
 
-    def _run(self, prepared: tuple) -> Any:
-        if any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(prepared)):
+    def _execute(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
+        size = math.prod(batch_shape)
+        if size <= FUSED_UP_TO or not self._needs_assembly:
+            # one executable: for small batches one dispatch beats an unfused stack
+            self._note_compilation(self._jitted, ("fused", batch_shape), prepared)
             return self._jitted(*prepared)
-        self._note_compilation(prepared)
-        entries = self._compute_jitted(*prepared)
-        if self._needs_assembly:
-            return self._assemble_jitted(entries)
-        return jax.tree_util.tree_unflatten(self.equations.treedef, list(entries))
+        self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
+        return self._assemble_jitted(self._compute_jitted(*prepared))
+
+    def _run(self, prepared: tuple) -> Any:
+        const_values, data, parameter_leaves = prepared
+        if any(isinstance(a, jax.core.Tracer) for a in data + parameter_leaves):
+            return self._jitted(*prepared)
+        batch_shape = self._batch_shape_of(data)
+        exact = batch_shape in self._batch_shapes
+        if not exact:
+            with self._lock:
+                exact = not self._batch_shapes
+                if exact:
+                    self._batch_shapes.add(batch_shape)
+        n = math.prod(batch_shape)
+        size = bucket_size(n)
+        if exact or size == n and len(batch_shape) == 1 or n == 0:
+            return self._execute(prepared, batch_shape)
+        ranks = [len(spec.shape) for spec in self.signature.data]
+        padded = pad_batch(data, ranks, n, size)
+        result = self._execute((const_values, padded, parameter_leaves), (size,))
+        return jax.tree_util.tree_map(
+            lambda leaf: jax.device_put(np.asarray(leaf)[:n].reshape(batch_shape + leaf.shape[1:])),
+            result)
 
     def __call__(self, *args: Any) -> Any:
         return self._run(self._prepare(args))
