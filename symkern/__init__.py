@@ -1,6 +1,7 @@
 """symkern: SymPy equations and symbolic neural networks compiled to batched XLA kernels."""
 
 from symkern.batching.build import build_function
+from symkern.batching.caching import disable_cache, enable_cache
 from symkern.batching.kernel import BoundKernel, Kernel
 from symkern.errors import (
     ArgumentError,
@@ -31,5 +32,7 @@ __all__ = [
     "SymkernError",
     "UnsupportedFunctionError",
     "build_function",
+    "disable_cache",
+    "enable_cache",
     "load",
 ]

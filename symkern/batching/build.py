@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel, KernelSignature
+from symkern.codegen.cache import cache_key
 from symkern.codegen.pipeline import generate, print_source
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
@@ -43,6 +45,26 @@ def resolve_dtype(dtype: Any) -> np.dtype:
             "without it JAX computes in float32"
         )
     return resolved
+
+
+def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype):
+    """Stages 1 and 2, through the on-disk cache when `symkern.enable_cache` is on."""
+    cache = active_cache()
+    if cache is None:
+        return generate(equations, arguments, data_count, cse=cse, functions=functions,
+                        embed_max_bytes=embed_max_bytes, dtype=dtype)
+    start = time.perf_counter()
+    options = {"cse": cse, "functions": sorted(functions or {}), "embed_max_bytes": embed_max_bytes,
+               "dtype": np.dtype(dtype).name, "data_count": data_count}
+    key = cache_key(equations, arguments, options, library_versions())
+    cached = cache.get(key)
+    if cached is not None:
+        return dataclasses.replace(cached, timings={"cache_key": time.perf_counter() - start,
+                                                    "cache_load": time.perf_counter() - start})
+    generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
+                         embed_max_bytes=embed_max_bytes, dtype=dtype)
+    cache.put(key, generated)
+    return generated
 
 
 def build_function(
@@ -82,8 +104,9 @@ def build_function(
     parameters, treedef = parameter_arguments(params)
     check_unique_symbols(data + parameters)
     equations = equation_set(eqs)
-    generated = generate(equations, data + parameters, len(data), cse=cse, functions=functions,
-                         embed_max_bytes=embed_max_bytes, dtype=resolved_dtype)
+    generated = _generate_cached(equations, data + parameters, len(data), cse=cse,
+                                 functions=functions, embed_max_bytes=embed_max_bytes,
+                                 dtype=resolved_dtype)
     hoisted_at = time.perf_counter()
     namespace_functions: dict[str, Callable] = {}
     captured = []

@@ -313,6 +313,19 @@ class Kernel:
         return export_function(run, const_values, descriptions, data,
                                [len(s.shape) for s in self.signature.data], ps, self.dtype)
 
+    def shard(self, mesh: Any = None) -> Any:
+        """This kernel with its batch split over all local devices (docs/scaling.md)."""
+        from symkern.batching.shard import shard  # shard.py builds on this module
+
+        return shard(self, mesh)
+
+    def stream(self, source: Any, ps: Any = None, chunk: int = 65536, out: Any = None,
+               progress: bool = True) -> Any:
+        """Evaluate a batch larger than memory chunk by chunk (docs/scaling.md)."""
+        from symkern.batching.stream import stream  # stream.py builds on this module
+
+        return stream(self, source, ps, chunk=chunk, out=out, progress=progress)
+
     def bind(self, ps: Any) -> BoundKernel:
         """Freeze the parameters as device-resident arrays: `kernel.bind(ps)(X)`.
 

@@ -101,6 +101,11 @@ def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object])
     """Unsupported SymPy functions raise; undefined ones must be in `functions`."""
     undefined: dict[str, None] = {}
     for node in nodes:
+        if node is sp.zoo:
+            raise BuildError(
+                "eqs: complex infinity (zoo, e.g. from 1/0) has no real value; "
+                "remove the division by zero or use Piecewise"
+            )
         if isinstance(node, AppliedUndef):
             name = type(node).__name__
             if name not in functions:
