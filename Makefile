@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint fuzz bench clean
+.PHONY: demo test test-all lint fuzz bench clean drift-matrix doctor
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ test: $(STAMP)
 # the long property profile (CI runs the bounded one)
 test-all: $(STAMP)
 	SYMKERN_SLOW=1 $(PY) -m pytest -q
+
+# tests/drift at the lowest and newest sympy and jax that pyproject.toml admits
+drift-matrix: $(STAMP)
+	$(PY) tools/drift_matrix.py
+
+doctor: $(STAMP)
+	$(PY) -m symkern doctor
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

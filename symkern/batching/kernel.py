@@ -173,19 +173,16 @@ class Kernel:
 
     def _as_array(self, value: Any, label: str) -> Any:
         if isinstance(value, jax.Array):  # device arrays and tracers
-            if value.dtype == self.dtype:
-                return value
-            array = value
-        else:
-            try:
-                array = np.asarray(value)
-            except (TypeError, ValueError) as error:
-                raise ArgumentError(f"{label}: expected an array of numbers, got "
-                                    f"{type(value).__name__}") from error
-        dtype = np.dtype(array.dtype)
-        if dtype.kind not in "biuf":
-            raise ArgumentError(f"{label}: expected real numbers, got dtype {dtype.name}")
-        return array if dtype == self.dtype else jnp.asarray(array, self.dtype)
+            return value if value.dtype == self.dtype else value.astype(self.dtype)
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise ArgumentError(f"{label}: expected an array of numbers, got "
+                                f"{type(value).__name__}") from error
+        if array.dtype.kind not in "biuf":
+            raise ArgumentError(f"{label}: expected real numbers, got dtype {array.dtype.name}")
+        # cast on the host: jit takes numpy arguments without a separate device conversion
+        return array if array.dtype == self.dtype else array.astype(self.dtype)
 
     def check_data(self, data: Sequence[Any]) -> tuple[Any, ...]:
         arrays, batch = [], None
@@ -212,20 +209,24 @@ class Kernel:
     def check_parameters(self, ps: Any) -> tuple[Any, ...]:
         if not self.signature.has_parameters:
             return ()
-        try:
-            leaves = self.signature.parameter_treedef.flatten_up_to(ps)
-        except (ValueError, TypeError) as error:
-            raise ArgumentError(
-                f"ps: expected a tree of the structure {self.signature.parameter_treedef}, "
-                f"got {jax.tree_util.tree_structure(ps)}"
-            ) from error
+        leaves, treedef = jax.tree_util.tree_flatten(ps)
+        if treedef != self.signature.parameter_treedef:
+            try:
+                leaves = self.signature.parameter_treedef.flatten_up_to(ps)
+            except (ValueError, TypeError) as error:
+                raise ArgumentError(
+                    f"ps: expected a tree of the structure {self.signature.parameter_treedef}, "
+                    f"got {treedef}"
+                ) from error
         arrays = []
         for spec, value in zip(self.signature.parameters, leaves, strict=True):
-            array = self._as_array(value, spec.label)
-            if tuple(np.shape(array)) != spec.shape:
-                raise ArgumentError(f"{spec.label}: expected shape {_shape_text(spec.shape)}, "
-                                    f"got {_shape_text(np.shape(array))}")
-            arrays.append(array)
+            if not (isinstance(value, jax.Array) and value.dtype == self.dtype
+                    and value.shape == spec.shape):
+                value = self._as_array(value, spec.label)
+                if tuple(np.shape(value)) != spec.shape:
+                    raise ArgumentError(f"{spec.label}: expected shape {_shape_text(spec.shape)}, "
+                                        f"got {_shape_text(np.shape(value))}")
+            arrays.append(value)
         return tuple(arrays)
 
     # ---- calling ------------------------------------------------------------------------
@@ -325,6 +326,18 @@ class Kernel:
         from symkern.batching.stream import stream  # stream.py builds on this module
 
         return stream(self, source, ps, chunk=chunk, out=out, progress=progress)
+
+    def flatten(self, ps: Any) -> Any:
+        """`ps` as one device buffer, leaves raveled in argument order, for `kernel.flat()`."""
+        from symkern.batching.flat import flatten_parameters  # flat.py builds on this module
+
+        return flatten_parameters(self, ps)
+
+    def flat(self) -> Any:
+        """The flat-parameter form: `kernel.flat()(*data, kernel.flatten(ps))`."""
+        from symkern.batching.flat import FlatKernel  # flat.py builds on this module
+
+        return FlatKernel(self)
 
     def bind(self, ps: Any) -> BoundKernel:
         """Freeze the parameters as device-resident arrays: `kernel.bind(ps)(X)`.

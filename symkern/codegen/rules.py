@@ -17,6 +17,7 @@ import numpy as np
 from symkern.codegen.callee import (
     CALLEE_TABLE,
     CONSTANT_TABLE,
+    CalleeName,
     callee_name,
     target_node,
 )
@@ -32,6 +33,14 @@ DATA_NAME = re.compile(r"x\d+$")
 
 def _drift(rule: str, expected: str, found: str) -> CodegenDriftError:
     return CodegenDriftError(f"{rule}: expected {expected}, found {found}")
+
+
+def _callee(func: ast.expr, rule: str) -> CalleeName:
+    """`callee_name`, with a failure reported as the calling rule's drift."""
+    try:
+        return callee_name(func)
+    except CodegenDriftError as error:
+        raise CodegenDriftError(f"{rule}: {str(error).removeprefix('callee_name: ')}") from error
 
 
 def _function(module: ast.Module, rule: str) -> ast.FunctionDef:
@@ -127,6 +136,8 @@ def unfold_reductions(module: ast.Module) -> ast.Module:
     class Unfold(ast.NodeTransformer):
         def visit_Call(self, node: ast.Call) -> ast.expr:
             self.generic_visit(node)
+            # only SymPy's own form, a bare `reduce`; any other spelling is left for
+            # resolve_callees to report, since no table row matches it
             if isinstance(node.func, ast.Name) and node.func.id == "reduce":
                 if (len(node.args) != 2 or node.keywords
                         or not isinstance(node.args[1], (ast.List, ast.Tuple))
@@ -164,7 +175,7 @@ def resolve_callees(module: ast.Module, user_functions: Mapping[str, str]) -> as
             # the callee itself is resolved here, not visited as a name
             node.args = [self.visit(argument) for argument in node.args]
             node.keywords = [self.visit(keyword) for keyword in node.keywords]
-            callee = callee_name(node.func)
+            callee = _callee(node.func, rule)
             if callee.receiver is not None:
                 callee = type(callee)(callee.name, self.visit(callee.receiver))
             if callee.name in user_functions and callee.receiver is None:
@@ -312,7 +323,7 @@ def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
 
         def visit_Call(self, node: ast.Call) -> ast.expr:
             self.generic_visit(node)
-            if callee_name(node.func).name != "select":
+            if _callee(node.func, rule).name != "select":
                 return node
             if (len(node.args) != 2 or not all(isinstance(a, ast.List) for a in node.args)
                     or len(node.args[0].elts) != len(node.args[1].elts)):
@@ -372,7 +383,7 @@ def stack_outputs(module: ast.Module, printed_shapes: Sequence[Sequence[int]]) -
         if not shape:
             entries.append(value)
             continue
-        if not (isinstance(value, ast.Call) and callee_name(value.func).name == "array"
+        if not (isinstance(value, ast.Call) and _callee(value.func, rule).name == "array"
                 and len(value.args) == 1 and not value.keywords):
             raise _drift(rule, "array([...]) around an array equation", ast.unparse(value)[:200])
         entries.extend(_nested_entries(value.args[0], shape, rule))
@@ -435,7 +446,7 @@ def _literal_value(node: ast.expr) -> object | None:
         # SymPy prints rationals as `1/3`
         left, right = _literal_value(node.left), _literal_value(node.right)
         return None if left is None or right is None else left / right
-    if isinstance(node, ast.List):
+    if isinstance(node, (ast.List, ast.Tuple)):
         values = [_literal_value(element) for element in node.elts]
         return None if any(v is None for v in values) else values
     return None
@@ -490,7 +501,7 @@ def hoist_array_literals(
     class Hoist(ast.NodeTransformer):
         def visit_Call(self, node: ast.Call) -> ast.expr:
             self.generic_visit(node)
-            if callee_name(node.func).name != "array" or len(node.args) != 1:
+            if _callee(node.func, rule).name != "array" or len(node.args) != 1:
                 return node
             literal = _literal_value(node.args[0])
             if literal is None:

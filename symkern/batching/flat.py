@@ -1,0 +1,83 @@
+"""batching, stage 4: the flat-parameter form — every parameter leaf in one buffer.
+
+Imports jax, numpy and symkern.batching.kernel. Like SymbolicNeuralNetworks.jl's
+`build_flat_function`: one device buffer per call instead of one argument per leaf.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from symkern.batching.kernel import FUSED_UP_TO, Kernel, check_dtype_policy
+from symkern.errors import ArgumentError
+
+
+class FlatKernel:
+    """`kernel.flat()`: called as `flat(*data, theta)` with `theta = kernel.flatten(ps)`.
+
+    Each call passes the data and one parameter buffer, so dispatch costs the same
+    whatever the number of leaves (measured in benchmarks/dispatch.py). Convert numpy
+    parameters once with `kernel.flatten(ps)`; the buffer is device-resident.
+    """
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self._layout = []
+        offset = 0
+        for spec in kernel.signature.parameters:
+            size = math.prod(spec.shape)
+            self._layout.append((offset, size, spec.shape))
+            offset += size
+        self.size = offset
+        self._fused = jax.jit(self._evaluate)
+        self._entries = jax.jit(self._compute)
+
+    def _leaves(self, theta: Any) -> tuple:
+        return tuple(theta[start:start + size].reshape(shape)
+                     for start, size, shape in self._layout)
+
+    def _evaluate(self, const_args: tuple, data: tuple, theta: Any) -> Any:
+        return self.kernel._evaluate(const_args, data, self._leaves(theta))
+
+    def _compute(self, const_args: tuple, data: tuple, theta: Any) -> tuple:
+        return self.kernel._compute(const_args, data, self._leaves(theta))
+
+    def __call__(self, *args: Any) -> Any:
+        kernel = self.kernel
+        if kernel.dtype.itemsize == 8:
+            check_dtype_policy(kernel.dtype)
+        *data, theta = args
+        if getattr(theta, "shape", None) != (self.size,) or theta.dtype != kernel.dtype:
+            raise ArgumentError(f"theta: expected a {kernel.dtype.name} buffer of shape "
+                                f"({self.size},) from kernel.flatten(ps), got "
+                                f"{getattr(theta, 'dtype', type(theta).__name__)}"
+                                f"{getattr(theta, 'shape', '')}")
+        data = kernel.check_data(data)
+        batch = math.prod(kernel._batch_shape_of(data))
+        if batch <= FUSED_UP_TO or not kernel._needs_assembly:
+            return self._fused(kernel._const_values, data, theta)
+        return kernel._assemble_jitted(self._entries(kernel._const_values, data, theta))
+
+    def __repr__(self) -> str:
+        return f"FlatKernel({self.kernel!r}, theta: ({self.size},))"
+
+
+def flatten_parameters(kernel: Kernel, ps: Any) -> Any:
+    """All parameter leaves of `ps`, in argument order, raveled into one device buffer."""
+    leaves = kernel.check_parameters(ps)
+    if not leaves:
+        return jax.device_put(np.zeros((0,), kernel.dtype))
+    return jax.device_put(np.concatenate([np.ravel(np.asarray(leaf, kernel.dtype))
+                                          for leaf in leaves]))
+
+
+def unflatten_parameters(kernel: Kernel, theta: Any) -> Any:
+    """The parameter tree back from a flat buffer (e.g. after an optimizer step)."""
+    flat = FlatKernel(kernel)
+    return jax.tree_util.tree_unflatten(kernel.signature.parameter_treedef,
+                                        list(flat._leaves(jnp.asarray(theta))))
