@@ -16,6 +16,7 @@ from sympy.printing.numpy import JaxPrinter
 from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS
+from symkern.codegen.linearize import linearize
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
@@ -28,8 +29,6 @@ ARGUMENT_PREFIX = "_a"
 FUNCTION_PREFIX = "_f"
 #: common-subexpression names: `_c0`, `_c1`, ...
 CSE_PREFIX = "_c"
-#: names of Piecewise values hoisted out of CSE: `_w0`, `_w1`, ...
-PIECEWISE_PREFIX = "_w"
 
 
 @dataclass(frozen=True)
@@ -50,14 +49,17 @@ class EmittedCode:
 
 
 def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
-    """Every node under `roots`, each distinct node once, without recursion."""
-    seen: set[sp.Basic] = set()
+    """Every node under `roots`, each object once, without recursion.
+
+    Objects are told apart by identity: SymPy's own `==` and `hash` recurse on depth.
+    """
+    seen: set[int] = set()
     stack = list(reversed(roots))
     while stack:
         node = stack.pop()
-        if node in seen:
+        if id(node) in seen:
             continue
-        seen.add(node)
+        seen.add(id(node))
         yield node
         stack.extend(reversed(node.args))
 
@@ -66,11 +68,14 @@ def _printer(user_functions: Mapping[str, str]) -> JaxPrinter:
     # The settings sympy.lambdify passes for modules="jax"; printing function names bare
     # (not fully qualified) is what resolve_callees normalises. Undefined functions are
     # printed under generated names, so a user's function name never becomes code.
+    # "order": "none" keeps the argument order linearize fixed (deterministic) and spares
+    # the printer its recursive sort keys, which dominated printing time at scale.
     return JaxPrinter({
         "fully_qualified_modules": False,
         "inline": True,
         "allow_unknown_functions": True,
         "user_functions": dict(user_functions),
+        "order": "none",
     })
 
 
@@ -123,10 +128,8 @@ def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object])
     return list(undefined)
 
 
-def _check_free_symbols(leaves: Sequence[sp.Basic], arguments: Sequence[ArgumentSpec]) -> None:
-    free: set[sp.Basic] = set()
-    for leaf in leaves:
-        free |= leaf.free_symbols
+def _check_free_symbols(nodes: Sequence[sp.Basic], arguments: Sequence[ArgumentSpec]) -> None:
+    free = {node for node in nodes if isinstance(node, (sp.Symbol, sp.MatrixSymbol))}
     undeclared = free - _declared(arguments)
     if undeclared:
         names = ", ".join(sorted(str(symbol) for symbol in undeclared))
@@ -136,27 +139,20 @@ def _check_free_symbols(leaves: Sequence[sp.Basic], arguments: Sequence[Argument
         )
 
 
-def _hoist_piecewise(leaves: list[sp.Basic]) -> tuple[list[tuple[sp.Symbol, sp.Basic]], list]:
-    """Replace each outermost Piecewise by a name, so CSE never splits its branches.
+def _entries(leaf: sp.Basic) -> list[sp.Basic]:
+    if isinstance(leaf, sp.NDimArray):
+        return list(sp.flatten(leaf.tolist()))
+    if isinstance(leaf, sp.MatrixBase):
+        return list(leaf)
+    return [leaf]
 
-    A branch that shares a subexpression with the outside would read it as a value
-    computed outside the gate that guard_piecewise_gradients puts on its inputs, and
-    an untaken branch's infinite partial derivative would come back as a NaN gradient.
-    """
-    names = sp.numbered_symbols(PIECEWISE_PREFIX)
-    replacements: dict[sp.Basic, sp.Symbol] = {}
-    for node in walk(leaves):
-        if isinstance(node, sp.Piecewise) and node not in replacements:
-            if any(node in other.atoms(sp.Piecewise) - {other} for other in replacements):
-                continue
-            replacements[node] = next(names)
-    # keep only outermost ones: a Piecewise nested inside another stays with its parent
-    outermost = {
-        piece: name for piece, name in replacements.items()
-        if not any(piece != other and other.has(piece) for other in replacements)
-    }
-    reduced = [leaf.xreplace(outermost) for leaf in leaves]
-    return [(name, piece) for piece, name in outermost.items()], reduced
+
+def _rebuild(leaf: sp.Basic, entries: Sequence[sp.Basic]) -> sp.Basic:
+    if isinstance(leaf, sp.NDimArray):
+        return sp.ImmutableDenseNDimArray(list(entries), leaf.shape)
+    if isinstance(leaf, sp.MatrixBase):
+        return sp.ImmutableMatrix(leaf.rows, leaf.cols, list(entries))
+    return entries[0]
 
 
 def emit(
@@ -180,8 +176,8 @@ def emit(
     """
     functions = functions or {}
     leaves = list(equations.leaves)
-    _check_free_symbols(leaves, arguments)
     nodes = list(walk(leaves))
+    _check_free_symbols(nodes, arguments)
     undefined = _check_functions(nodes, functions)
 
     substitutions: dict[sp.Basic, sp.Basic] = {}
@@ -191,21 +187,25 @@ def emit(
         printed_arguments.append(generated)
         substitutions.update(mapping)
     user_functions = {f"{FUNCTION_PREFIX}{k}": name for k, name in enumerate(undefined)}
-    leaves = [leaf.xreplace(substitutions) for leaf in leaves]
-    if any(isinstance(n, MatrixElement) for n in walk(leaves)):
-        raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
 
-    assignments: list[tuple[sp.Symbol, sp.Basic]] = []
-    if cse:
-        assignments, leaves = _hoist_piecewise(leaves)
-        replacements, leaves = sp.cse(leaves, symbols=sp.numbered_symbols(CSE_PREFIX), list=True)
-        assignments += replacements
+    # Bounded-depth statements (and CSE) first, on the user's trees, without recursion;
+    # every right-hand side is then shallow enough for xreplace, the printer and `ast`.
+    # Piecewise is never entered, so no branch shares a value computed outside its gate.
+    flat = [entry for leaf in leaves for entry in _entries(leaf)]
+    assignments, reduced = linearize(flat, cse=cse, symbols=sp.numbered_symbols(CSE_PREFIX))
+    assignments = [(name, value.xreplace(substitutions)) for name, value in assignments]
+    reduced = [entry.xreplace(substitutions) for entry in reduced]
+    leaves, start = [], 0
+    for leaf in equations.leaves:
+        count = len(_entries(leaf))
+        leaves.append(_rebuild(leaf, reduced[start:start + count]))
+        start += count
+    if any(isinstance(n, MatrixElement) for n in walk(leaves + [v for _, v in assignments])):
+        raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
     try:
         source = _EvaluatorPrinter(
             _printer({name: generated for generated, name in user_functions.items()}), False
-        ).doprint(
-            FUNCTION_NAME, printed_arguments, tuple(leaves), cses=assignments
-        )
+        ).doprint(FUNCTION_NAME, printed_arguments, tuple(leaves), cses=assignments)
     except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
         raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error
     names = tuple(str(argument) for argument in printed_arguments)

@@ -28,7 +28,7 @@ M = sp.MatrixSymbol("M", 2, 2)
 def emitted_program(cse: bool):
     """Real upstream output for a kernel that exercises every rule (printed once per cse)."""
     equations = equation_set([
-        sp.Matrix([sp.sin(x) * a + M[0, 1] + y**2, sp.Max(x, y, M[1, 1])]),
+        sp.Matrix([sp.sin(x) * a + M[0, 1] + y**2, sp.Max(x, y, M[1, 1]) * sp.sin(x) * a]),
         sp.Piecewise((sp.sqrt(x), x > 0), (y, True)),
         x / x,
     ])
