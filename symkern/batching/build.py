@@ -18,6 +18,7 @@ from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel, KernelSignature
 from symkern.codegen.cache import cache_key
 from symkern.codegen.pipeline import generate, print_source
+from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
 from symkern.kernels.stage import compile_kernel
@@ -47,22 +48,23 @@ def resolve_dtype(dtype: Any) -> np.dtype:
     return resolved
 
 
-def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype):
+def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype,
+                     stopwatch):
     """Stages 1 and 2, through the on-disk cache when `symkern.enable_cache` is on."""
     cache = active_cache()
     if cache is None:
         return generate(equations, arguments, data_count, cse=cse, functions=functions,
-                        embed_max_bytes=embed_max_bytes, dtype=dtype)
+                        embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
     start = time.perf_counter()
     options = {"cse": cse, "functions": sorted(functions or {}), "embed_max_bytes": embed_max_bytes,
                "dtype": np.dtype(dtype).name, "data_count": data_count}
     key = cache_key(equations, arguments, options, library_versions())
     cached = cache.get(key)
     if cached is not None:
-        return dataclasses.replace(cached, timings={"cache_key": time.perf_counter() - start,
-                                                    "cache_load": time.perf_counter() - start})
+        stopwatch.timings["cache_load"] = time.perf_counter() - start
+        return cached
     generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
-                         embed_max_bytes=embed_max_bytes, dtype=dtype)
+                         embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
     cache.put(key, generated)
     return generated
 
@@ -75,6 +77,7 @@ def build_function(
     dtype: Any = None,
     embed_max_bytes: int = 32,
     functions: Mapping[str, Callable] | None = None,
+    progress: bool | None = None,
 ) -> Kernel:
     """Compile SymPy equations into a batched kernel.
 
@@ -82,6 +85,8 @@ def build_function(
     data argument is a list/tuple/Matrix of symbols (a vector), a MatrixSymbol, or one
     Symbol; `params` is a pytree whose leaves are Symbols, MatrixSymbols or Matrices of
     symbols; `functions` maps the name of an undefined SymPy Function to a JAX function.
+    Each stage's time is in `kernel.timings` and logged to the "symkern" logger;
+    `progress` shows a bar over the stages (default: when stderr is a terminal).
 
     >>> import sympy as sp
     >>> x0, x1, a = sp.symbols("x0 x1 a")
@@ -100,20 +105,21 @@ def build_function(
                              f"got {type(implementation).__name__}")
     resolved_dtype = resolve_dtype(dtype)
     start = time.perf_counter()
+    stopwatch = Stopwatch(progress=progress)
     data = [data_argument(arg, k + 1) for k, arg in enumerate(data_args)]
     parameters, treedef = parameter_arguments(params)
     check_unique_symbols(data + parameters)
     equations = equation_set(eqs)
     generated = _generate_cached(equations, data + parameters, len(data), cse=cse,
                                  functions=functions, embed_max_bytes=embed_max_bytes,
-                                 dtype=resolved_dtype)
-    hoisted_at = time.perf_counter()
+                                 dtype=resolved_dtype, stopwatch=stopwatch)
     namespace_functions: dict[str, Callable] = {}
     captured = []
     if functions:
-        module, namespace_functions, captured = hoist_captured_constants(
-            generated.module, functions, resolved_dtype, embed_max_bytes, generated.literals)
-        generated = dataclasses.replace(generated, module=module, source=print_source(module))
+        with stopwatch.stage("hoist"):
+            module, namespace_functions, captured = hoist_captured_constants(
+                generated.module, functions, resolved_dtype, embed_max_bytes, generated.literals)
+            generated = dataclasses.replace(generated, module=module, source=print_source(module))
     const_args = [
         ConstArg(literal.name, jax.device_put(literal.value),
                  origin_of(literal.used_by, equations.label_of_entry,
@@ -128,11 +134,10 @@ def build_function(
         for constant in captured
     ]
     warn_if_large(const_args)
-    compiled_at = time.perf_counter()
-    function = compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
-    timings = dict(generated.timings)
-    timings["hoist"] = compiled_at - hoisted_at
-    timings["python_compile"] = time.perf_counter() - compiled_at
+    with stopwatch.stage("python_compile"):
+        function = compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
+    timings = dict(stopwatch.timings)
     timings["build"] = time.perf_counter() - start
+    stopwatch.close()
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype)
-    return Kernel(generated, function, signature, equations, timings, tuple(const_args))
+    return Kernel(generated, function, signature, equations, timings, tuple(const_args), progress)

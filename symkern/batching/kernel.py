@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 
 from symkern.batching.buckets import bucket_size, pad_batch
 from symkern.codegen.pipeline import GeneratedCode
+from symkern.codegen.stopwatch import CALL_STAGES, Stopwatch
 from symkern.errors import ArgumentError, DtypeMismatchError
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import export_function
@@ -78,12 +78,14 @@ class Kernel:
         equations: EquationSet,
         timings: dict[str, float],
         const_args: tuple[ConstArg, ...] = (),
+        progress: bool | None = None,
     ) -> None:
         self._generated = generated
         self._function = function
         self.signature = signature
         self.equations = equations
         self.timings = dict(timings)
+        self._progress = progress
         self._const_args = tuple(const_args)
         self._const_values = tuple(c.value for c in const_args)
         self._jitted = jax.jit(self._evaluate)
@@ -242,13 +244,18 @@ class Kernel:
         with self._lock:
             if key in self._seen:
                 return
-            start = time.perf_counter()
-            lowered = jitted.lower(*prepared)
-            lowered_at = time.perf_counter()
-            lowered.compile()
-            done = time.perf_counter()
-            self.timings.setdefault("trace_and_lower", lowered_at - start)
-            self.timings.setdefault("xla_compile", done - lowered_at)
+            first = self.compilations == 0
+            stopwatch = Stopwatch(progress=self._progress if first else False,
+                                  label="symkern first call", stages=CALL_STAGES)
+            with stopwatch.stage("trace"):
+                traced = jitted.trace(*prepared)
+            with stopwatch.stage("lower"):
+                lowered = traced.lower()
+            with stopwatch.stage("xla_compile"):
+                lowered.compile()
+            stopwatch.close()
+            if first:
+                self.timings.update(stopwatch.timings)
             self.compilations += 1
             self._seen.add(key)
 

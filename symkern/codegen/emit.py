@@ -17,6 +17,7 @@ from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS
 from symkern.codegen.linearize import linearize
+from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
@@ -161,6 +162,7 @@ def emit(
     *,
     cse: bool = True,
     functions: Mapping[str, object] | None = None,
+    stopwatch: Stopwatch | None = None,
 ) -> EmittedCode:
     """Print the per-sample function for `equations`, one positional argument per spec.
 
@@ -175,6 +177,7 @@ def emit(
     <BLANKLINE>
     """
     functions = functions or {}
+    stopwatch = stopwatch or Stopwatch(progress=False)
     leaves = list(equations.leaves)
     nodes = list(walk(leaves))
     _check_free_symbols(nodes, arguments)
@@ -192,7 +195,16 @@ def emit(
     # every right-hand side is then shallow enough for xreplace, the printer and `ast`.
     # Piecewise is never entered, so no branch shares a value computed outside its gate.
     flat = [entry for leaf in leaves for entry in _entries(leaf)]
-    assignments, reduced = linearize(flat, cse=cse, symbols=sp.numbered_symbols(CSE_PREFIX))
+    with stopwatch.stage("cse"):
+        assignments, reduced = linearize(flat, cse=cse, symbols=sp.numbered_symbols(CSE_PREFIX))
+    with stopwatch.stage("emit"):
+        return _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
+                      user_functions)
+
+
+def _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
+           user_functions) -> EmittedCode:
+    """Substitute the generated argument names, then print with SymPy's JAX printer."""
     assignments = [(name, value.xreplace(substitutions)) for name, value in assignments]
     reduced = [entry.xreplace(substitutions) for entry in reduced]
     leaves, start = [], 0

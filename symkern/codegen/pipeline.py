@@ -6,7 +6,6 @@ Imports the rest of symkern.codegen, symkern.symbolic and symkern.errors.
 from __future__ import annotations
 
 import ast
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from symkern.codegen import rules
 from symkern.codegen.emit import EmittedCode, emit
+from symkern.codegen.stopwatch import Stopwatch
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 
@@ -91,19 +91,17 @@ def generate(
     functions: Mapping[str, object] | None = None,
     embed_max_bytes: int = 32,
     dtype: np.dtype = FLOAT32,
+    stopwatch: Stopwatch | None = None,
 ) -> GeneratedCode:
     """Emit the per-sample code for `equations`, then apply every rule in order."""
-    start = time.perf_counter()
-    emitted = emit(equations, arguments, cse=cse, functions=functions)
-    emitted_at = time.perf_counter()
-    module = ast.parse(emitted.source)
+    stopwatch = stopwatch or Stopwatch(progress=False)
+    emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch)
     hoisted: list[rules.HoistedLiteral] = []
-    for _name, rule in rule_sequence(emitted, equations, arguments, data_count,
-                                     embed_max_bytes=embed_max_bytes, dtype=dtype,
-                                     hoisted=hoisted):
-        module = rule(module)
-    source = print_source(module)
-    done = time.perf_counter()
-    return GeneratedCode(emitted, module, source,
-                         {"emit": emitted_at - start, "rewrite": done - emitted_at},
-                         tuple(hoisted))
+    with stopwatch.stage("rewrite"):
+        module = ast.parse(emitted.source)  # the rules rewrite their own copy
+        for _name, rule in rule_sequence(emitted, equations, arguments, data_count,
+                                         embed_max_bytes=embed_max_bytes, dtype=dtype,
+                                         hoisted=hoisted):
+            module = rule(module)
+        source = print_source(module)
+    return GeneratedCode(emitted, module, source, dict(stopwatch.timings), tuple(hoisted))
