@@ -1,9 +1,10 @@
 """batching, stage 4: batch-size buckets, so that a sweep of batch sizes compiles a bounded
 number of times. Imports numpy only.
 
-A kernel compiles the first batch shape it is called with exactly (the steady state of a
-training loop or a benchmark pays no padding), and every batch shape it has compiled stays
-exact. Any other batch is flattened to `n` samples and padded up to `bucket_size(n)`:
+A kernel compiles the first `EXACT_SHAPES` batch shapes it is called with exactly (a
+training loop, an evaluation set and a single sample pay no padding), and every batch shape
+it has compiled stays exact. Any other batch is flattened to `n` samples and padded up to
+`bucket_size(n)`:
 sizes up to 16 are their own bucket; above, the bucket is the smallest `m · 2^e ≥ n` with
 `8 ≤ m ≤ 16`, so padding costs less than 12.5 % and each octave of sizes holds 8 buckets.
 """
@@ -14,8 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: batch sizes up to this are compiled exactly
+#: batch sizes up to this are their own bucket
 EXACT_UP_TO = 16
+#: the number of distinct batch shapes a kernel compiles exactly before it pads to buckets
+EXACT_SHAPES = 4
 
 
 def bucket_size(n: int) -> int:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from symkern.batching.buckets import bucket_size, pad_batch
+from symkern.batching.buckets import EXACT_SHAPES, bucket_size, pad_batch
 from symkern.codegen.pipeline import GeneratedCode
 from symkern.codegen.stopwatch import CALL_STAGES, Stopwatch
 from symkern.errors import ArgumentError, DtypeMismatchError
@@ -276,12 +276,12 @@ class Kernel:
         exact = batch_shape in self._batch_shapes
         if not exact:
             with self._lock:
-                exact = not self._batch_shapes
+                exact = len(self._batch_shapes) < EXACT_SHAPES
                 if exact:
                     self._batch_shapes.add(batch_shape)
         n = math.prod(batch_shape)
         size = bucket_size(n)
-        if exact or size == n and len(batch_shape) == 1 or n == 0:
+        if exact or (size == n and len(batch_shape) <= 1) or n == 0:
             return self._execute(prepared, batch_shape)
         ranks = [len(spec.shape) for spec in self.signature.data]
         padded = pad_batch(data, ranks, n, size)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from jax import monitoring
 
 import symkern as sk
-from symkern.batching.buckets import bucket_size
+from symkern.batching.buckets import EXACT_SHAPES, bucket_size
 
 x0, x1, a = sp.symbols("x0 x1 a")
 
@@ -45,21 +45,23 @@ def test_a_sweep_of_batch_sizes_compiles_once_per_bucket(compile_events):
         out = np.asarray(out)
         np.testing.assert_allclose(out[:, 0], np.sin(X[:, 0]) * 2.0, rtol=1e-13)
         np.testing.assert_allclose(out[:, 1], X[:, 0] * X[:, 1], rtol=1e-13)
-    # the first size exactly, then sizes 1001..1100 fall into buckets 1024 and 1152
-    assert kernel.compilations == 3
+    # 1000..1003 exactly, then 1004..1100 fall into buckets 1024 and 1152
+    assert kernel.compilations == EXACT_SHAPES + 2
     kernel_events = [name for name in compile_events if name in (
         "jit(_evaluate)", "jit(_compute)", "jit(_assemble)")]
-    assert len(kernel_events) == 2 * 2  # entries and assembly, for each of the two buckets
+    # one fused executable per exact size ≤ 1024 and for bucket 1024; two for bucket 1152
+    assert len(kernel_events) == EXACT_SHAPES + 1 + 2
 
 
 def test_multi_dimensional_batches_are_padded_and_reshaped():
     kernel = sk.build_function(x0 * a, [x0], params={"a": a}, dtype="float64")
-    kernel(np.ones((5, 1)), {"a": 1.0})
+    for n in range(5, 5 + EXACT_SHAPES):
+        kernel(np.ones((n, 1)), {"a": 1.0})
     values = np.arange(3 * 7, dtype=float).reshape(3, 7, 1)
     out = kernel(values, {"a": 3.0})
     assert out.shape == (3, 7)
     np.testing.assert_array_equal(out, values[..., 0] * 3.0)
-    assert kernel.compilations == 2
+    assert kernel.compilations == EXACT_SHAPES + 1
 
 
 def test_a_batch_shape_already_compiled_runs_exactly():
