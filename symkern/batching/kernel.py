@@ -225,6 +225,8 @@ class Kernel:
             if not (isinstance(value, jax.Array) and value.dtype == self.dtype
                     and value.shape == spec.shape):
                 value = self._as_array(value, spec.label)
+                if tuple(np.shape(value)) == spec.declared_shape != spec.shape:
+                    value = value.reshape(spec.shape)
                 if tuple(np.shape(value)) != spec.shape:
                     raise ArgumentError(f"{spec.label}: expected shape {_shape_text(spec.shape)}, "
                                         f"got {_shape_text(np.shape(value))}")

@@ -33,6 +33,9 @@ class ArgumentSpec:
     entries: tuple[sp.Basic, ...]
     matrix_symbols: tuple[sp.MatrixSymbol, ...] = ()
     path: tuple[Any, ...] = ()
+    #: the (rows, cols) of a Matrix leaf, also accepted for a column leaf: `W` of a
+    #: `Dense(1, k)` is a k×1 Matrix whose values naturally come as (k, 1)
+    declared_shape: Shape | None = None
 
     @property
     def is_data(self) -> bool:
@@ -66,12 +69,12 @@ def _leaf_spec(obj: Any, label: str, path: tuple[Any, ...], *, vector_rows: bool
         rows, cols = (int(d) for d in obj.shape)
         entries = tuple(obj[i, j] for i in range(rows) for j in range(cols))
         return ArgumentSpec(label, _matrix_shape(rows, cols, vector_rows=vector_rows), entries,
-                            (obj,), path)
+                            (obj,), path, (rows, cols))
     if isinstance(obj, sp.MatrixBase):
         rows, cols = obj.shape
         entries = tuple(_check_entry(e, f"{label}[{k}]") for k, e in enumerate(obj))
         return ArgumentSpec(label, _matrix_shape(rows, cols, vector_rows=vector_rows), entries,
-                            (), path)
+                            (), path, (rows, cols))
     if vector_rows and isinstance(obj, (list, tuple)):
         if not obj:
             raise BuildError(f"{label}: expected at least one symbol, got an empty {type(obj).__name__}")
