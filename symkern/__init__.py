@@ -1,6 +1,6 @@
 """symkern: SymPy equations and symbolic neural networks compiled to batched XLA kernels."""
 
-from symkern.batching.build import build_function
+from symkern.batching.build import build_function, build_nn_function
 from symkern.batching.caching import disable_cache, enable_cache
 from symkern.batching.kernel import BoundKernel, Kernel
 from symkern.errors import (
@@ -15,10 +15,31 @@ from symkern.errors import (
 )
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import LoadedKernel, load
+from symkern.symbolic import (
+    ACTIVATIONS,
+    Chain,
+    Dense,
+    Linear,
+    SymbolicNetwork,
+    gradient,
+    hessian,
+    jacobian,
+    parameter_gradient,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACTIVATIONS",
+    "Chain",
+    "Dense",
+    "Linear",
+    "SymbolicNetwork",
+    "build_nn_function",
+    "gradient",
+    "hessian",
+    "jacobian",
+    "parameter_gradient",
     "ArgumentError",
     "BoundKernel",
     "BuildError",

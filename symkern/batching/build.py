@@ -139,5 +139,25 @@ def build_function(
     timings = dict(stopwatch.timings)
     timings["build"] = time.perf_counter() - start
     stopwatch.close()
-    signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype)
+    signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
+                                params is not None)
     return Kernel(generated, function, signature, equations, timings, tuple(const_args), progress)
+
+
+def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Kernel:
+    """`build_function(eqs, snn.input, *more_data, params=snn.params, **options)`.
+
+    `snn` is a `SymbolicNetwork`; `more_data` are further data arguments (e.g. targets `y`
+    of a loss). The kernel is called as `f(X, *more, ps)` with `ps` shaped like
+    `net.init_params()`.
+
+    >>> from symkern.symbolic import Chain, Dense, SymbolicNetwork
+    >>> net = Chain(Dense(2, 3, "tanh"), Dense(3, 2, "tanh"))
+    >>> snn = SymbolicNetwork(net)
+    >>> f = build_nn_function(snn.output, snn)
+    >>> f(np.zeros((5, 2)), net.init_params(0)).shape
+    (5, 2)
+    """
+    if "params" in options:
+        raise BuildError("params: build_nn_function takes the parameters from snn.params")
+    return build_function(eqs, snn.input, *more_data, params=snn.params, **options)

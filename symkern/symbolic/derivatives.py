@@ -1,0 +1,213 @@
+"""symbolic: derivatives of equations w.r.t. data arguments and parameter trees.
+
+Imports sympy, jax.tree_util (for the parameter tree order) and symkern.errors, plus
+SymbolicNetwork from this package; nothing else of symkern.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import sympy as sp
+from sympy.matrices.expressions.matexpr import MatrixElement
+
+from symkern.errors import BuildError
+from symkern.symbolic.networks import SymbolicNetwork
+
+Shape = tuple[int, ...]
+
+
+def _is_entry(obj: Any) -> bool:
+    return isinstance(obj, (sp.Symbol, MatrixElement))
+
+
+def _is_leaf(obj: Any) -> bool:
+    return isinstance(obj, (sp.Basic, sp.MatrixBase))
+
+
+def _data_symbols(wrt: Any) -> list[sp.Basic] | None:
+    """The symbols of `wrt` if it is a data argument (a vector), else None.
+
+    A data argument is a Symbol, a non-empty list/tuple of Symbols, or an n×1 Matrix or
+    MatrixSymbol; anything else (a dict, a list of matrices, an m×n Matrix with n > 1) is
+    a parameter tree.
+    """
+    if isinstance(wrt, sp.Symbol):
+        return [wrt]
+    if isinstance(wrt, (list, tuple)) and wrt and all(isinstance(e, sp.Symbol) for e in wrt):
+        return list(wrt)
+    if isinstance(wrt, sp.MatrixSymbol) and wrt.shape[1] == 1:
+        return list(wrt.as_explicit())
+    if isinstance(wrt, sp.MatrixBase) and wrt.shape[1] == 1 and wrt.shape[0] > 0:
+        return [_checked_entry(e, f"wrt[{i}]") for i, e in enumerate(wrt)]
+    return None
+
+
+def _checked_entry(entry: Any, where: str) -> sp.Basic:
+    if not _is_entry(entry):
+        raise BuildError(f"{where}: expected a Symbol, got {type(entry).__name__} {entry}")
+    return entry
+
+
+def _format_path(key_path: tuple[Any, ...]) -> str:
+    return "wrt" + jax.tree_util.keystr(key_path)
+
+
+def _leaf_entries(leaf: Any, key_path: tuple[Any, ...]) -> tuple[Shape, list[sp.Basic]]:
+    """A parameter leaf's shape (Symbol: (), m×1: (m,), m×n: (m, n)) and row-major entries."""
+    where = _format_path(key_path)
+    if isinstance(leaf, sp.Symbol):
+        return (), [leaf]
+    if isinstance(leaf, sp.MatrixSymbol):
+        leaf = leaf.as_explicit()
+    if isinstance(leaf, sp.MatrixBase) and 0 not in leaf.shape:
+        rows, cols = leaf.shape
+        shape = (rows,) if cols == 1 else (rows, cols)
+        return shape, [_checked_entry(e, f"{where}[{k}]") for k, e in enumerate(leaf)]
+    raise BuildError(
+        f"{where}: expected a Symbol, a MatrixSymbol or a non-empty Matrix of Symbols, "
+        f"got {type(leaf).__name__} {leaf}"
+    )
+
+
+def _parameter_leaves(wrt: Any) -> tuple[list[tuple[Shape, list[sp.Basic]]], Any]:
+    """Flatten a parameter tree in JAX's pytree order (the kernels' argument order)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(wrt, is_leaf=_is_leaf)
+    if not flat:
+        raise BuildError("wrt: expected at least one symbol, got an empty structure")
+    return [_leaf_entries(leaf, key_path) for key_path, leaf in flat], treedef
+
+
+def _scalar(scalar: Any) -> sp.Expr:
+    if isinstance(scalar, sp.MatrixBase):
+        if scalar.shape != (1, 1):
+            raise BuildError(
+                f"scalar: expected a scalar expression or a 1×1 Matrix, got a "
+                f"{scalar.shape[0]}×{scalar.shape[1]} Matrix"
+            )
+        scalar = scalar[0, 0]
+    try:
+        expr = sp.sympify(scalar, strict=True)
+    except (sp.SympifyError, TypeError) as error:
+        raise BuildError(
+            f"scalar: expected a SymPy expression, got {type(scalar).__name__}"
+        ) from error
+    if not isinstance(expr, sp.Expr):
+        raise BuildError(f"scalar: expected a SymPy expression, got {type(expr).__name__} {expr}")
+    return expr
+
+
+def _equations(eqs: Any) -> tuple[Shape, list[sp.Expr]]:
+    """The shape (Expr: (), m×1: (m,), m×n: (m, n)) and row-major entries of `eqs`."""
+    if isinstance(eqs, sp.MatrixBase):
+        if 0 in eqs.shape:
+            raise BuildError(f"eqs: expected a non-empty Matrix, got shape {eqs.shape}")
+        rows, cols = eqs.shape
+        return ((rows,) if cols == 1 else (rows, cols)), list(eqs)
+    return (), [_scalar(eqs)]
+
+
+def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
+    """Derivative of `eqs` w.r.t. a data argument or each leaf of a parameter tree.
+
+    Data argument (a Symbol, a list/tuple of Symbols, or an n×1 Matrix): SymPy's
+    `Matrix.jacobian`, an m×n Matrix for an m×1 (or 1×m) `eqs`; an Expr counts as the
+    1×1 Matrix `[eqs]` and gives 1×n.
+
+    Parameter tree (dict/list/tuple nesting of Symbol, MatrixSymbol or Matrix leaves):
+    the same tree with each leaf replaced by a `sympy.Array` of shape
+    `eq_shape + leaf_shape`, where an Expr has shape (), an m×1 Matrix (m,), an m×n
+    Matrix (m, n). So for an m×1 `eqs`, d/dW (out×in) has shape (m, out, in) and
+    d/db (out×1) has shape (m, out). A bare n×1 Matrix is a data argument; wrap it
+    (`{"b": b}`) to get the tree form.
+
+    >>> x, y = sp.symbols("x y")
+    >>> jacobian(sp.Matrix([x * y, x + y]), [x, y])
+    Matrix([
+    [y, x],
+    [1, 1]])
+    >>> jacobian(sp.Matrix([x * y, x + y]), {"a": x, "W": sp.Matrix([[x, y]])})
+    {'W': [[[y, x]], [[1, 1]]], 'a': [y, 1]}
+    """
+    symbols = _data_symbols(wrt)
+    if symbols is not None:
+        if isinstance(eqs, sp.MatrixBase):
+            if 1 not in eqs.shape:
+                raise BuildError(
+                    f"eqs: expected an Expr or an m×1 Matrix, got a "
+                    f"{eqs.shape[0]}×{eqs.shape[1]} Matrix; differentiate w.r.t. a "
+                    "parameter tree for a higher-rank result"
+                )
+            return eqs.jacobian(symbols)
+        return sp.Matrix([_scalar(eqs)]).jacobian(symbols)
+    eq_shape, entries = _equations(eqs)
+    leaves, treedef = _parameter_leaves(wrt)
+    derivatives = [
+        sp.Array([e.diff(s) for e in entries for s in leaf_symbols], eq_shape + leaf_shape)
+        for leaf_shape, leaf_symbols in leaves
+    ]
+    return jax.tree_util.tree_unflatten(treedef, derivatives)
+
+
+def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
+    """Gradient of a scalar (an Expr or a 1×1 Matrix) w.r.t. data or a parameter tree.
+
+    Data argument: an n×1 Matrix. Parameter tree: the same tree, each leaf replaced by
+    its gradient of the same kind and shape (a Matrix for a Matrix or MatrixSymbol leaf,
+    an Expr for a Symbol leaf), as SymbolicNeuralNetworks.jl's `Gradient`.
+
+    >>> x, y = sp.symbols("x y")
+    >>> gradient(x**2 * y, [x, y]).T
+    Matrix([[2*x*y, x**2]])
+    >>> gradient(x**2 * y, {"W": sp.Matrix([[x, y]]), "c": y})
+    {'W': Matrix([[2*x*y, x**2]]), 'c': x**2}
+    """
+    expr = _scalar(scalar)
+    symbols = _data_symbols(wrt)
+    if symbols is not None:
+        return sp.Matrix([expr.diff(s) for s in symbols])
+    leaves, treedef = _parameter_leaves(wrt)
+    gradients = []
+    for leaf_shape, leaf_symbols in leaves:
+        entries = [expr.diff(s) for s in leaf_symbols]
+        if leaf_shape == ():
+            gradients.append(entries[0])
+        else:
+            rows, cols = (*leaf_shape, 1)[:2]
+            gradients.append(sp.Matrix(rows, cols, entries))
+    return jax.tree_util.tree_unflatten(treedef, gradients)
+
+
+def hessian(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix:
+    """Hessian of a scalar w.r.t. data (n×n, SymPy's `hessian`) or a parameter tree.
+
+    For a parameter tree it is an N×N Matrix over all N scalar entries of its leaves,
+    flattened leaf by leaf in JAX's pytree order (for `snn.params`, the order of
+    `snn.parameter_paths()`) and row-major within a leaf.
+
+    >>> x, y = sp.symbols("x y")
+    >>> hessian(x**2 * y, [x, y])
+    Matrix([
+    [2*y, 2*x],
+    [2*x,   0]])
+    """
+    expr = _scalar(scalar)
+    symbols = _data_symbols(wrt)
+    if symbols is None:
+        leaves, _ = _parameter_leaves(wrt)
+        symbols = [s for _, leaf_symbols in leaves for s in leaf_symbols]
+    return sp.hessian(expr, symbols)
+
+
+def parameter_gradient(loss: sp.Expr | sp.MatrixBase, snn: SymbolicNetwork) -> Any:
+    """`gradient(loss, snn.params)`: a tree like `snn.params` of Matrices.
+
+    >>> from symkern.symbolic.networks import Linear
+    >>> snn = SymbolicNetwork(Linear(1, 1))
+    >>> parameter_gradient(snn.output[0] ** 2, snn)["L1"]["b"]
+    Matrix([[2*_L1_W_1_1*_x_1 + 2*_L1_b_1]])
+    """
+    if not isinstance(snn, SymbolicNetwork):
+        raise BuildError(f"snn: expected a SymbolicNetwork, got {type(snn).__name__}")
+    return gradient(loss, snn.params)
