@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,27 @@ class KernelSignature:
     parameter_treedef: Any
     dtype: np.dtype
 
+    #: whether the kernel is called with `ps` (also for an empty tree, `params={}`)
+    takes_parameters: bool | None = None
+
     @property
     def has_parameters(self) -> bool:
-        return bool(self.parameters)
+        return bool(self.parameters) if self.takes_parameters is None else self.takes_parameters
 
 
 def _shape_text(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _weak_method(owner: Any, name: str) -> Callable[..., Any]:
+    """`owner.name` as a function holding `owner` only weakly."""
+    reference = weakref.ref(owner)
+
+    def call(*args: Any) -> Any:
+        return getattr(reference(), name)(*args)
+
+    call.__name__ = name
+    return call
 
 
 def check_dtype_policy(dtype: np.dtype) -> None:
@@ -88,11 +103,14 @@ class Kernel:
         self._progress = progress
         self._const_args = tuple(const_args)
         self._const_values = tuple(c.value for c in const_args)
-        self._jitted = jax.jit(self._evaluate)
+        # jit functions that reach this kernel through a weak reference: a strong one would
+        # make a cycle, and a dropped kernel's executables and const args would wait for
+        # Python's cyclic collector instead of being freed at once
+        self._jitted = jax.jit(_weak_method(self, "_evaluate"))
         # Top-level calls run the entries and their assembly as two executables: stacking
         # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
-        self._compute_jitted = jax.jit(self._compute)
-        self._assemble_jitted = jax.jit(self._assemble)
+        self._compute_jitted = jax.jit(_weak_method(self, "_compute"))
+        self._assemble_jitted = jax.jit(_weak_method(self, "_assemble"))
         self._needs_assembly = any(self.equations.shapes)
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
@@ -132,7 +150,7 @@ class Kernel:
     def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
         """Every scalar entry of every equation, each shaped like the batch."""
         arguments = list(const_args) + list(data)
-        if self.signature.has_parameters:
+        if self.signature.parameters:
             arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
                                                           parameter_leaves))
         batch_shape = self._batch_shape_of(data)

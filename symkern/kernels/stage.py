@@ -22,4 +22,5 @@ def compile_kernel(module: ast.Module, functions: Mapping[str, Callable] | None,
     """
     namespace = kernel_namespace(dict(functions or {}))
     exec(compile(module, filename, "exec"), namespace)  # noqa: S102 - generated tree, no user text
-    return namespace[KERNEL_NAME]
+    # popped, so the function's globals do not hold the function itself (no cycle)
+    return namespace.pop(KERNEL_NAME)

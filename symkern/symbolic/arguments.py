@@ -5,6 +5,7 @@ Imports sympy, numpy, jax.tree_util and symkern.errors; nothing else of symkern.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,16 @@ def data_argument(obj: Any, position: int) -> ArgumentSpec:
 
 def format_path(path: Sequence[Any]) -> str:
     """`("L1", "W")` → `ps["L1"]["W"]`; list positions print as `ps[0]`."""
-    return "ps" + "".join(f"[{key!r}]".replace("'", '"') for key in path)
+    return "ps" + "".join("[" + (json.dumps(key) if isinstance(key, str) else repr(key)) + "]"
+                          for key in path)
+
+
+def _flatten(tree: Any, argument: str) -> tuple[list, Any]:
+    try:
+        return jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_symbolic_leaf)
+    except (TypeError, ValueError) as error:
+        raise BuildError(f"{argument}: expected dicts whose keys can be sorted together "
+                         f"(all strings, or all numbers), got {error}") from error
 
 
 def _key_value(key: Any) -> Any:
@@ -125,7 +135,7 @@ def parameter_arguments(params: Any) -> tuple[list[ArgumentSpec], Any]:
     """
     if params is None:
         return [], jax.tree_util.tree_structure(None)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_symbolic_leaf)
+    flat, treedef = _flatten(params, "params")
     specs: list[ArgumentSpec] = []
     for key_path, leaf in flat:
         path = tuple(_key_value(k) for k in key_path)
@@ -231,7 +241,7 @@ def equation_set(eqs: Any) -> EquationSet:
     >>> equation_set({"v": x, "m": sp.Matrix([x, 2 * x])}).shapes
     ((2,), ())
     """
-    flat, treedef = jax.tree_util.tree_flatten_with_path(eqs, is_leaf=is_symbolic_leaf)
+    flat, treedef = _flatten(eqs, "eqs")
     if not flat:
         raise BuildError("eqs: expected at least one equation, got an empty structure")
     leaves, shapes, labels = [], [], []
