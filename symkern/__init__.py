@@ -26,6 +26,7 @@ from symkern.symbolic import (
     jacobian,
     parameter_gradient,
 )
+from symkern.symbolic.structured import StructuredNetwork, hamiltonian_vector_field, prefer_structured
 
 __version__ = "0.1.0"
 
@@ -34,8 +35,11 @@ __all__ = [
     "Chain",
     "Dense",
     "Linear",
+    "StructuredNetwork",
     "SymbolicNetwork",
     "build_nn_function",
+    "hamiltonian_vector_field",
+    "prefer_structured",
     "gradient",
     "hessian",
     "jacobian",

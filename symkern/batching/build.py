@@ -160,4 +160,10 @@ def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Ke
     """
     if "params" in options:
         raise BuildError("params: build_nn_function takes the parameters from snn.params")
+    if getattr(snn, "structured", False):
+        from symkern.batching.structured import build_structured_function
+
+        options.pop("functions", None)
+        options.pop("progress", None)
+        return build_structured_function(eqs, snn, *more_data, **options)
     return build_function(eqs, snn.input, *more_data, params=snn.params, **options)

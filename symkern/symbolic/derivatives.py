@@ -71,6 +71,18 @@ def _leaf_entries(leaf: Any, key_path: tuple[Any, ...]) -> tuple[Shape, list[sp.
     )
 
 
+def _reject_structured(exprs: Any) -> None:
+    """A structured network's weights are not symbols in its output: SymPy would answer 0."""
+    from symkern.symbolic.structured import network_nodes  # structured builds on this module
+
+    roots = list(exprs) if isinstance(exprs, (list, tuple)) else [exprs]
+    flat = [entry for root in roots
+            for entry in (list(root) if isinstance(root, sp.MatrixBase) else [root])]
+    if network_nodes([sp.sympify(e) for e in flat]):
+        raise BuildError("wrt: derivatives of a structured network's output w.r.t. its "
+                         "parameters go through parameter_gradient(loss, snn)")
+
+
 def _parameter_leaves(wrt: Any) -> tuple[list[tuple[Shape, list[sp.Basic]]], Any]:
     """Flatten a parameter tree in JAX's pytree order (the kernels' argument order)."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(wrt, is_leaf=_is_leaf)
@@ -142,6 +154,7 @@ def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
             return eqs.jacobian(symbols)
         return sp.Matrix([_scalar(eqs)]).jacobian(symbols)
     eq_shape, entries = _equations(eqs)
+    _reject_structured(eqs)
     leaves, treedef = _parameter_leaves(wrt)
     derivatives = [
         sp.Array([e.diff(s) for e in entries for s in leaf_symbols], eq_shape + leaf_shape)
@@ -167,6 +180,7 @@ def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     symbols = _data_symbols(wrt)
     if symbols is not None:
         return sp.Matrix([expr.diff(s) for s in symbols])
+    _reject_structured(scalar)
     leaves, treedef = _parameter_leaves(wrt)
     gradients = []
     for leaf_shape, leaf_symbols in leaves:
@@ -195,6 +209,7 @@ def hessian(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix:
     expr = _scalar(scalar)
     symbols = _data_symbols(wrt)
     if symbols is None:
+        _reject_structured(scalar)
         leaves, _ = _parameter_leaves(wrt)
         symbols = [s for _, leaf_symbols in leaves for s in leaf_symbols]
     return sp.hessian(expr, symbols)
@@ -208,6 +223,8 @@ def parameter_gradient(loss: sp.Expr | sp.MatrixBase, snn: SymbolicNetwork) -> A
     >>> parameter_gradient(snn.output[0] ** 2, snn)["L1"]["b"]
     Matrix([[2*_L1_W_1_1*_x_1 + 2*_L1_b_1]])
     """
+    if getattr(snn, "structured", False):
+        return snn.parameter_gradient(loss)
     if not isinstance(snn, SymbolicNetwork):
         raise BuildError(f"snn: expected a SymbolicNetwork, got {type(snn).__name__}")
     return gradient(loss, snn.params)

@@ -296,6 +296,11 @@ def _symbol_matrix(prefix: str, rows: int, cols: int) -> sp.Matrix:
 class SymbolicNetwork:
     """A network whose input and parameters are SymPy symbols, and its symbolic output.
 
+    Scalarized (every weight a Symbol, the output an explicit expression) when every layer
+    has at most 64 weights; otherwise — or with `structured=True` — a `StructuredNetwork`
+    whose output and derivatives stay matrix products (docs/guide.md, "Structured
+    networks"). `structured=False` forces the scalarized form.
+
     The symbols are `sympy.Dummy` objects with deterministic names (`x_1`, ..., `L1_W_2_1`,
     `L1_b_2`; SymPy prints a Dummy with a leading underscore). A Dummy equals only itself,
     so two SymbolicNetworks never share a symbol, and no symbol a user creates with the
@@ -311,7 +316,18 @@ class SymbolicNetwork:
     _L1_b_2
     """
 
-    def __init__(self, net: Chain | Dense) -> None:
+    def __new__(cls, net: Chain | Dense, structured: bool | None = None) -> Any:
+        # One API, two forms: a network with any layer above 64 weights stays an array
+        # program (symkern.symbolic.structured); `structured=` overrides the choice.
+        from symkern.symbolic.structured import StructuredNetwork, prefer_structured
+
+        if structured is None:
+            structured = isinstance(net, (Chain, Dense)) and prefer_structured(net)
+        if structured:
+            return StructuredNetwork(net)
+        return super().__new__(cls)
+
+    def __init__(self, net: Chain | Dense, structured: bool | None = None) -> None:
         if isinstance(net, Dense):
             net = Chain(net)
         if not isinstance(net, Chain):

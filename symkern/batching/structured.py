@@ -1,0 +1,166 @@
+"""batching: build_structured_function and StructuredKernel — structured networks as batched kernels.
+
+Imports every other part of symkern (the top of the import direction), as build.py does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy as sp
+
+from symkern.batching.build import resolve_dtype
+from symkern.batching.kernel import Kernel, KernelSignature
+from symkern.codegen.structured import StructuredLayout, generate_structured
+from symkern.errors import BuildError
+from symkern.kernels.constants import ConstArg, warn_if_large
+from symkern.kernels.stage import compile_kernel
+from symkern.symbolic.arguments import (
+    ArgumentSpec,
+    EquationSet,
+    check_unique_symbols,
+    data_argument,
+    format_path,
+    is_symbolic_leaf,
+    parameter_arguments,
+)
+from symkern.symbolic.structured import StructuredNetwork, plan_structured
+
+
+class StructuredKernel(Kernel):
+    """A `Kernel` whose compiled function returns *pieces*: whole leaves or scalar entries.
+
+    A network output, Jacobian or parameter gradient comes out of the body already shaped
+    `batch + shape` (it is one array there); only leaves written as SymPy formulas around
+    the network (`J∇H`) come as scalar entries, stacked by the separate assembly executable
+    as in `Kernel` (a stack inside the fused body measured 100× slower, ANCHORS.md).
+    Everything else — argument checks, batch shapes, jaxpr/hlo, bind, export — is `Kernel`'s.
+    """
+
+    def __init__(self, *args: Any, layout: StructuredLayout, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layout = layout
+        self._needs_assembly = layout.needs_assembly
+
+    def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
+        arguments = list(const_args) + list(data)
+        if self.signature.parameters:
+            arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                          parameter_leaves))
+        batch_shape = self._batch_shape_of(data)
+        pieces = list(self._function(*arguments))
+        shaped = []
+        for leaf in self.layout.leaves:
+            shape = batch_shape if leaf.stacked else batch_shape + tuple(leaf.shape)
+            for piece in pieces[leaf.start:leaf.start + leaf.count]:
+                shaped.append(jnp.broadcast_to(jnp.asarray(piece, self.dtype), shape))
+        return tuple(shaped)
+
+    def _assemble(self, entries: tuple) -> Any:
+        leaves = []
+        for leaf in self.layout.leaves:
+            chunk = entries[leaf.start:leaf.start + leaf.count]
+            if leaf.stacked:
+                batch_shape = tuple(np.shape(chunk[0]))
+                leaves.append(jnp.stack(chunk, axis=-1).reshape(batch_shape + tuple(leaf.shape)))
+            else:
+                leaves.append(chunk[0])
+        return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
+
+    def __repr__(self) -> str:
+        return "Structured" + super().__repr__()
+
+
+def _network_parameter_specs(snn: StructuredNetwork, extra: Any) -> tuple[list[ArgumentSpec], Any]:
+    """Specs of the merged tree `{"L1": {"W", "b"}, …, **extra}` in JAX's pytree order.
+
+    Network leaves get no entries: a 256×256 weight is one array argument, never 65k symbols.
+    """
+    extra = dict(extra or {})
+    clash = sorted(set(extra) & set(snn.params))
+    if clash:
+        raise BuildError(f"params: keys {clash} are the network's layers; choose other names")
+    extra_specs = {spec.path: spec for spec in parameter_arguments(extra)[0]} if extra else {}
+    merged = {**snn.params, **extra}
+    flat, treedef = jax.tree_util.tree_flatten_with_path(merged, is_leaf=is_symbolic_leaf)
+    specs = []
+    for key_path, _leaf in flat:
+        path = tuple(k.key if hasattr(k, "key") else k.idx for k in key_path)
+        if path in extra_specs:
+            specs.append(extra_specs[path])
+        else:
+            specs.append(ArgumentSpec(format_path(path), snn.parameter_shapes[path], (), (), path))
+    return specs, treedef
+
+
+def build_structured_function(
+    eqs: Any,
+    snn: StructuredNetwork,
+    *more_data: Any,
+    params: Any = None,
+    cse: bool = True,
+    dtype: Any = None,
+    embed_max_bytes: int = 32,
+) -> StructuredKernel:
+    """Compile equations over a structured network into a batched kernel.
+
+    The kernel is called `kernel(X, *more, ps)`: `X` is `snn.input`'s data `(..., n)`,
+    `more_data` further data arguments (a target `y`, …), `ps` the network's parameter tree
+    (plus `params`, a tree of SymPy parameters used by the formulas around the network,
+    merged at the top level). `eqs`: a pytree of Expr, Matrix and `ParameterGradient`
+    leaves (`snn.parameter_gradient(loss)`), e.g. `snn.output`,
+    `snn.output.jacobian(snn.input)`, `sympy.hessian(snn.output[0], snn.input)`.
+
+    >>> from symkern.symbolic.networks import Chain, Dense
+    >>> snn = StructuredNetwork(Chain(Dense(2, 16, "tanh"), Dense(16, 1)))
+    >>> k = build_structured_function(snn.output, snn)
+    >>> print(k.source)
+    def kernel(x1, ps):
+        h1 = jnp.tanh(x1 @ ps['L1']['W'].T + ps['L1']['b'])
+        z2 = h1 @ ps['L2']['W'].T + ps['L2']['b']
+        return z2,
+    <BLANKLINE>
+    """
+    if not isinstance(snn, StructuredNetwork):
+        raise BuildError(f"snn: expected a StructuredNetwork, got {type(snn).__name__}")
+    if not isinstance(cse, bool):
+        raise BuildError(f"cse: expected True or False, got {cse!r}")
+    resolved_dtype = resolve_dtype(dtype)
+    start = time.perf_counter()
+    data = [data_argument(arg, k + 1) for k, arg in enumerate((snn.input, *more_data))]
+    parameters, treedef = _network_parameter_specs(snn, params)
+    check_unique_symbols(data + [spec for spec in parameters if spec.entries])
+    plan = plan_structured(eqs, snn)
+    code = generate_structured(plan, data, parameters, cse=cse,
+                               embed_max_bytes=embed_max_bytes, dtype=resolved_dtype)
+    generated = code.generated
+    const_args = [ConstArg(literal.name, jax.device_put(literal.value),
+                           "array literal in a formula around the network (hoist_array_literals)")
+                  for literal in generated.literals]
+    warn_if_large(const_args)
+    compiled_at = time.perf_counter()
+    function = compile_kernel(generated.module, None, "<symkern structured kernel>")
+    timings = dict(generated.timings)
+    timings["python_compile"] = time.perf_counter() - compiled_at
+    timings["build"] = time.perf_counter() - start
+    signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype)
+    equations = EquationSet(tuple(_described(leaf) for leaf in plan.leaves),
+                            tuple(leaf.shape for leaf in plan.leaves), plan.treedef,
+                            tuple(leaf.label for leaf in plan.leaves))
+    return StructuredKernel(generated, function, signature, equations, timings, tuple(const_args),
+                            layout=code.layout)
+
+
+def _described(leaf: Any) -> sp.Basic:
+    # EquationSet wants SymPy leaves; a symbol naming the kind is what repr and messages need
+    return sp.Symbol(f"{leaf.kind}:{leaf.label}")
+
+
+def structured_parameter_specs(snn: StructuredNetwork) -> Sequence[ArgumentSpec]:
+    """The parameter specs of a structured network alone (for callers outside a build)."""
+    return _network_parameter_specs(snn, None)[0]
