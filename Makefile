@@ -19,6 +19,16 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
+# benchmarks against the anchors (optional tools in the bench extra)
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[bench]"
+	$(PY) benchmarks/compare.py --out benchmarks/results/full.json
+	$(PY) benchmarks/report.py benchmarks/results/full.json
+
+# a long fuzzing campaign (make test runs a bounded one)
+fuzz: $(STAMP)
+	$(PY) tools/fuzz.py --examples 2000
+
 # the long property profile (CI runs the bounded one)
 test-all: $(STAMP)
 	SYMKERN_SLOW=1 $(PY) -m pytest -q

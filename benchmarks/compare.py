@@ -1,0 +1,672 @@
+"""symkern side by side with the tools users would pick instead.
+
+Usage::
+
+    python benchmarks/compare.py [--quick] [--out benchmarks/results/NAME.json]
+                                 [--workloads a,b] [--tools a,b] [--timeout S] [--mem-gib G]
+
+Tools (each used the way its own documentation shows):
+
+- ``symkern``: ``build_function(eqs, inputs, params=..., functions=...)``, float32.
+- ``lambdify-numpy``: ``sympy.lambdify((x, p), entries, "numpy", cse=True)``, float64.
+- ``lambdify-jax``: ``sympy.lambdify((x, p), eqs, "jax", cse=True)`` under
+  ``jax.jit(jax.vmap(f, (0, None)))``, outputs as the printer returns them, float32.
+- ``symengine``: ``symengine.Lambdify(x + p, entries, backend="llvm", cse=True)``, float64.
+- ``sympy2jax``: ``sympy2jax.SymbolicModule(entries)`` called with one keyword per symbol
+  under ``jax.jit``, float32.
+- ``jax-hand``: networks only, hand-written ``net.apply`` (Jacobian:
+  ``jax.vmap(jax.jacfwd(net.apply))``) under ``jax.jit``, float32.
+
+For every workload × tool a worker subprocess (address-space limit ``--mem-gib``, wall
+limit ``--timeout``) measures: build time to a first result on a batch of 1024; steady
+throughput at a large batch (median of timed calls after a warm-up); single-sample
+latency; lowered StableHLO size (JAX tools); compilations triggered by new parameter
+values; peak RSS; max relative error against a float64 reference (SymPy lambdify numpy).
+Per workload a preparation subprocess builds the SymPy equations once (pickled for the
+workers), computes the reference, and times a ``jnp`` copy of the same bytes the kernel
+reads and writes (the memory-bandwidth ceiling for a one-pass kernel).
+
+Results are JSON (``benchmarks/results/``); ``benchmarks/report.py`` renders them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+TOOLS = ["symkern", "lambdify-numpy", "lambdify-jax", "symengine", "sympy2jax", "jax-hand"]
+JAX_TOOLS = {"symkern", "lambdify-jax", "sympy2jax", "jax-hand"}
+#: which Python module each optional tool needs.
+OPTIONAL = {"symengine": "symengine", "sympy2jax": "sympy2jax"}
+
+FULL = {
+    "workloads": ["pendulum", "net-2-3-2", "net-4-16-16-4", "net-8-32-32-8", "jac-2-3-2",
+                  "jac-4-16-16-4", "jac-8-32-32-8", "nlink-3", "table-1MB", "expr-1e3",
+                  "expr-1e4", "expr-1e5"],
+    "batch": 100_000, "build_batch": 1024, "repeats": 9, "latency_repeats": 200,
+    "timeout": 420.0,
+}
+QUICK = {
+    "workloads": ["pendulum", "net-2-3-2", "expr-1e3"],
+    "batch": 10_000, "build_batch": 1024, "repeats": 3, "latency_repeats": 20,
+    "timeout": 60.0,
+}
+
+#: combinations not run by default, with the reason recorded in the results.
+KNOWN_SKIPS = {
+    ("jac-8-32-32-8", "lambdify-jax"): "known to exceed memory (ANCHORS.md): >16 GiB in XLA compile",
+    ("jac-8-32-32-8", "sympy2jax"): "known to exceed memory (ANCHORS.md): >16 GiB in XLA compile",
+}
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+# ==== the tools ===========================================================================
+# Each adapter: build() creates the callable; prepare(X) puts a float64 batch (n, d) into
+# the tool's native layout and dtype; params(tree) the same for parameter values;
+# call(data, ps) evaluates; entries(out, n) returns (n, entries) float64 for checking;
+# single(x, ps) evaluates one sample (x: (d,)); hlo(data, ps) the lowered program.
+
+
+def _block(out: Any) -> Any:
+    import jax
+
+    return jax.block_until_ready(out)
+
+
+def _as_columns(out: Any, n: int) -> np.ndarray:
+    """Any pytree of per-sample outputs (batch leading) -> (n, entries) float64."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(out)
+    cols = [np.broadcast_to(np.asarray(leaf, dtype=np.float64), (n,) + np.shape(leaf)[1:]).reshape(n, -1)
+            if np.ndim(leaf) else np.full((n, 1), float(leaf)) for leaf in leaves]
+    return np.concatenate(cols, axis=1)
+
+
+class SymkernTool:
+    jax = True
+
+    def __init__(self, wl: Any) -> None:
+        self.wl = wl
+
+    def build(self) -> None:
+        import symkern as sk
+
+        functions = {k: jax_impl for k, (jax_impl, _) in self.wl.functions.items()} or None
+        self.kernel = sk.build_function(self.wl.eqs, self.wl.inputs, params=self.wl.params,
+                                        functions=functions)
+
+    def prepare(self, X: np.ndarray) -> Any:
+        import jax
+
+        return jax.device_put(X.astype(np.float32))
+
+    def params(self, tree: Any) -> Any:
+        import jax
+
+        return jax.tree_util.tree_map(lambda v: jax.device_put(np.asarray(v, np.float32)), tree)
+
+    def call(self, data: Any, ps: Any) -> Any:
+        return self.kernel(data, ps)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return _as_columns(out, n)
+
+    def single(self, x: np.ndarray, ps: Any) -> Any:
+        return self.kernel(x, ps)
+
+    def hlo(self, data: Any, ps: Any) -> str:
+        return self.kernel.hlo(data, ps)
+
+    def extra(self) -> dict:
+        return {"timings": {k: round(v, 4) for k, v in self.kernel.timings.items()},
+                "compilations": self.kernel.compilations}
+
+
+class LambdifyNumpyTool:
+    jax = False
+
+    def __init__(self, wl: Any) -> None:
+        self.wl = wl
+
+    def build(self) -> None:
+        import sympy as sp
+
+        modules = [{k: np_impl for k, (_, np_impl) in self.wl.functions.items()}, "numpy"]
+        # A list of entries, not the Matrix: the Matrix form builds a ragged array when an
+        # entry is constant (sympy#5642), and the list form is equally documented.
+        self.f = sp.lambdify((self.wl.inputs, self.wl.flat_param_symbols()), self.wl.flat_entries(),
+                             modules=modules, cse=True)
+
+    def prepare(self, X: np.ndarray) -> Any:
+        # Columns contiguous: lambdify unpacks the first axis into the input symbols.
+        return np.ascontiguousarray(X.T)
+
+    def params(self, tree: Any) -> Any:
+        from workloads import _tree_leaves
+
+        leaves = _tree_leaves(tree)
+        return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in leaves]) if leaves else []
+
+    def call(self, data: Any, ps: Any) -> Any:
+        return self.f(data, ps)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return np.stack([np.broadcast_to(np.asarray(e, np.float64), (n,)) for e in out], axis=1)
+
+    def single(self, x: np.ndarray, ps: Any) -> Any:
+        return self.f(x, ps)
+
+    def hlo(self, data: Any, ps: Any) -> None:
+        return None
+
+
+class LambdifyJaxTool(LambdifyNumpyTool):
+    jax = True
+
+    def build(self) -> None:
+        import jax
+        import sympy as sp
+
+        modules = [{k: jax_impl for k, (jax_impl, _) in self.wl.functions.items()}, "jax"]
+        self.f = sp.lambdify((self.wl.inputs, self.wl.flat_param_symbols()), self.wl.eqs,
+                             modules=modules, cse=True)
+        self.batched = jax.jit(jax.vmap(self.f, in_axes=(0, None)))
+        self.one = jax.jit(self.f)
+
+    def prepare(self, X: np.ndarray) -> Any:
+        import jax
+
+        return jax.device_put(X.astype(np.float32))
+
+    def params(self, tree: Any) -> Any:
+        import jax
+
+        return jax.device_put(np.asarray(LambdifyNumpyTool.params(self, tree), np.float32))
+
+    def call(self, data: Any, ps: Any) -> Any:
+        return self.batched(data, ps)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return _as_columns(out, n)
+
+    def single(self, x: np.ndarray, ps: Any) -> Any:
+        return self.one(x, ps)
+
+    def hlo(self, data: Any, ps: Any) -> str:
+        return self.batched.lower(data, ps).as_text()
+
+
+def _plain_symbols(wl: Any) -> dict:
+    """Dummy -> Symbol with a unique name: symengine's LLVM backend rejects a Dummy."""
+    import sympy as sp
+
+    symbols = list(wl.inputs) + wl.flat_param_symbols()
+    return {s: sp.Symbol(f"s{k}_{s.name}") for k, s in enumerate(symbols) if isinstance(s, sp.Dummy)}
+
+
+class SymengineTool:
+    jax = False
+
+    def __init__(self, wl: Any) -> None:
+        self.wl = wl
+
+    def build(self) -> None:
+        import symengine as se
+
+        rename = _plain_symbols(self.wl)
+        args = [rename.get(s, s) for s in list(self.wl.inputs) + self.wl.flat_param_symbols()]
+        exprs = [e.xreplace(rename) for e in self.wl.flat_entries()]
+        self.f = se.Lambdify(args, exprs, backend="llvm", cse=True)
+
+    def prepare(self, X: np.ndarray) -> Any:
+        return X.astype(np.float64)
+
+    def params(self, tree: Any) -> Any:
+        from workloads import _tree_leaves
+
+        leaves = _tree_leaves(tree)
+        if not leaves:
+            return np.zeros(0)
+        return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in leaves])
+
+    def call(self, data: Any, ps: Any) -> Any:
+        # symengine takes one row per sample holding every argument: the parameters are
+        # copied into every row (the cost its users pay; done per call, as they would).
+        rows = np.empty((data.shape[0], data.shape[1] + ps.size))
+        rows[:, :data.shape[1]] = data
+        rows[:, data.shape[1]:] = ps
+        return self.f(rows)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return np.asarray(out, np.float64).reshape(n, -1)
+
+    def single(self, x: np.ndarray, ps: Any) -> Any:
+        return self.f(np.concatenate([x, ps]))
+
+    def hlo(self, data: Any, ps: Any) -> None:
+        return None
+
+
+class Sympy2JaxTool:
+    jax = True
+
+    def __init__(self, wl: Any) -> None:
+        self.wl = wl
+
+    def build(self) -> None:
+        import jax
+        import sympy as sp
+        import sympy2jax
+
+        extra = {sp.Function(k): jax_impl for k, (jax_impl, _) in self.wl.functions.items()} or None
+        self.module = sympy2jax.SymbolicModule(self.wl.flat_entries(), extra_funcs=extra)
+        names_in = [str(s.name) for s in self.wl.inputs]
+        names_p = [str(s.name) for s in self.wl.flat_param_symbols()]
+        module = self.module
+
+        def evaluate(X: Any, P: Any) -> Any:
+            symbols = {name: X[..., i] for i, name in enumerate(names_in)}
+            symbols.update({name: P[j] for j, name in enumerate(names_p)})
+            return module(**symbols)
+
+        self.fn = jax.jit(evaluate)
+
+    prepare = LambdifyJaxTool.prepare
+    params = LambdifyJaxTool.params
+
+    def call(self, data: Any, ps: Any) -> Any:
+        return self.fn(data, ps)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return _as_columns(out, n)
+
+    def single(self, x: np.ndarray, ps: Any) -> Any:
+        return self.fn(x, ps)
+
+    def hlo(self, data: Any, ps: Any) -> str:
+        return self.fn.lower(data, ps).as_text()
+
+
+class JaxHandTool:
+    jax = True
+
+    def __init__(self, wl: Any) -> None:
+        self.wl = wl
+
+    def build(self) -> None:
+        import jax
+
+        net = self.wl.make_net()
+        if self.wl.jacobian:
+            self.fn = jax.jit(jax.vmap(jax.jacfwd(net.apply), in_axes=(0, None)))
+            self.one = jax.jit(jax.jacfwd(net.apply))
+        else:
+            self.fn = self.one = jax.jit(net.apply)
+
+    prepare = SymkernTool.prepare
+    params = SymkernTool.params
+
+    def call(self, data: Any, ps: Any) -> Any:
+        return self.fn(data, ps)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return _as_columns(out, n)
+
+    def single(self, x: np.ndarray, ps: Any) -> Any:
+        return self.one(x, ps)
+
+    def hlo(self, data: Any, ps: Any) -> str:
+        return self.fn.lower(data, ps).as_text()
+
+
+ADAPTERS = {"symkern": SymkernTool, "lambdify-numpy": LambdifyNumpyTool, "lambdify-jax": LambdifyJaxTool,
+            "symengine": SymengineTool, "sympy2jax": Sympy2JaxTool, "jax-hand": JaxHandTool}
+
+
+# ==== measurement (inside a subprocess) ===================================================
+
+
+def _compile_counter() -> list[int]:
+    """A list whose first item counts XLA backend compilations from now on."""
+    import jax
+
+    count = [0]
+
+    def listener(event: str, duration: float, **_: Any) -> None:
+        if event == COMPILE_EVENT:
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    return count
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """max over entries of max|got - ref| / max|ref| (per output entry, over the batch)."""
+    scale = np.maximum(np.abs(ref).max(axis=0), 1e-12)
+    return float(np.nanmax(np.abs(got - ref).max(axis=0) / scale))
+
+
+def _median_time(fn: Any, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def job(name: str, directory: Path, tools: list[str], cfg: dict) -> dict:
+    """In one subprocess: prepare the workload unless done, then measure each tool.
+
+    The full profile runs one tool per process (isolated memory figures and failures);
+    --quick runs a workload's tools together (process start-up dominates small cases).
+    """
+    out: dict[str, Any] = {"tools": {}}
+    path = directory / f"{name}.pkl"
+    if not path.exists():
+        out["prepare"] = prepare_workload(name, directory, cfg)
+    if tools:
+        compiles = _compile_counter()
+        with open(path, "rb") as fh:
+            wl = pickle.load(fh)
+        prepared = np.load(path.with_suffix(".npz"))
+        X, ref = prepared["X"], (prepared["ref"] if "ref" in prepared else None)
+        for tool in tools:
+            try:
+                out["tools"][tool] = worker(tool, wl, X, ref, compiles, cfg)
+            except Exception as exc:  # noqa: BLE001 - recorded per tool
+                out["tools"][tool] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:400]}
+    return out
+
+
+def worker(tool_name: str, wl: Any, X: np.ndarray, ref: np.ndarray | None, compiles: list[int],
+           cfg: dict) -> dict:
+    """Measure one tool on one workload."""
+    import jax
+
+    result: dict[str, Any] = {"rss_start_mib": round(_rss_mib(), 1)}
+    tool = ADAPTERS[tool_name](wl)
+    result["dtype"] = "float32" if tool.jax else "float64"
+
+    # -- build to the first result ---------------------------------------------------------
+    t0 = time.perf_counter()
+    tool.build()
+    built = time.perf_counter()
+    data = tool.prepare(X)
+    ps = tool.params(wl.param_values)
+    out = _block(tool.call(data, ps))
+    result["build_s"] = time.perf_counter() - t0
+    result["build_python_s"] = built - t0
+    result["build_compiles"] = compiles[0]
+    if ref is not None:
+        result["max_rel_error"] = _rel_error(tool.entries(out, X.shape[0]), ref)
+    if tool.jax:
+        try:
+            result["hlo_chars"] = len(tool.hlo(data, ps))
+        except Exception as exc:  # noqa: BLE001 - a figure, not a failure
+            result["hlo_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+    # -- parameter values change: must not recompile ---------------------------------------
+    before = compiles[0]
+    _block(tool.call(data, tool.params(wl.perturbed_values())))
+    result["recompiles_on_new_params"] = compiles[0] - before if tool.jax else 0
+
+    # -- steady throughput ------------------------------------------------------------------
+    big = tool.prepare(wl.sample(cfg["batch"], seed=1))
+    _block(tool.call(big, ps))
+    median, times = _median_time(lambda: _block(tool.call(big, ps)), cfg["repeats"])
+    result["batch"] = cfg["batch"]
+    result["throughput"] = cfg["batch"] / median
+    result["throughput_times_s"] = [round(t, 6) for t in times]
+    big = None  # free the large batch before the latency loop
+
+    # -- single-sample latency ----------------------------------------------------------------
+    x = tool.prepare(X[:1])[0] if tool.jax else X[0].copy()
+    for _ in range(3):
+        _block(tool.single(x, ps))
+    result["latency_s"], _ = _median_time(lambda: _block(tool.single(x, ps)), cfg["latency_repeats"])
+
+    result["peak_rss_mib"] = round(_rss_mib(), 1)
+    if hasattr(tool, "extra"):
+        result.update(tool.extra())
+    result["jax_version"] = jax.__version__
+    result["status"] = "ok"
+    return result
+
+
+def prepare_workload(name: str, directory: Path, cfg: dict) -> dict:
+    """Build the workload once, pickle it, compute the float64 reference and the copy figure."""
+    import jax
+    import jax.numpy as jnp
+    import sympy as sp
+    import workloads
+
+    t0 = time.perf_counter()
+    wl = workloads.build(name)
+    meta: dict[str, Any] = {"symbolic_s": time.perf_counter() - t0, "ops": wl.ops, "note": wl.note,
+                            "inputs": len(wl.inputs), "entries": len(wl.flat_entries()),
+                            "params": len(wl.flat_param_symbols())}
+    from symkern.codegen.linearize import count_operations
+
+    meta["dag_ops"] = int(count_operations(wl.flat_entries(), dag=True))
+    path = directory / f"{name}.pkl"
+    with open(path, "wb") as fh:
+        pickle.dump(wl, fh)
+    X = wl.sample(cfg["build_batch"], seed=0)
+    arrays = {"X": X}
+    try:
+        t0 = time.perf_counter()
+        modules = [{k: np_impl for k, (_, np_impl) in wl.functions.items()}, "numpy"]
+        f = sp.lambdify((wl.inputs, wl.flat_param_symbols()), wl.flat_entries(), modules=modules, cse=True)
+        out = f(np.ascontiguousarray(X.T), wl.flat_param_values())
+        arrays["ref"] = np.stack([np.broadcast_to(np.asarray(e, np.float64), (X.shape[0],)) for e in out],
+                                 axis=1)
+        meta["reference"] = "sympy.lambdify numpy float64, cse=True"
+        meta["reference_s"] = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - recorded; errors are then not checked
+        meta["reference_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    np.savez(path.with_suffix(".npz"), **arrays)
+
+    # Copy ceiling: the kernel reads n*inputs and writes n*entries float32 values once; a
+    # copy of a buffer that size reads and writes it, i.e. moves twice the bytes.
+    n = cfg["batch"]
+    values = n * (meta["inputs"] + meta["entries"])
+    buffer = jax.device_put(np.ones(values, np.float32))
+    copy = jax.jit(jnp.copy)
+    jax.block_until_ready(copy(buffer))
+    median, _ = _median_time(lambda: jax.block_until_ready(copy(buffer)), max(cfg["repeats"], 7))
+    meta["kernel_bytes"] = values * 4
+    meta["copy_s"] = median
+    meta["copy_bandwidth_gbs"] = 2 * values * 4 / median / 1e9
+    # samples/s of a kernel that moved its bytes at copy bandwidth
+    meta["copy_equivalent_throughput"] = n / (median / 2)
+    return meta
+
+
+# ==== orchestration ===========================================================================
+
+
+def _limit(mem_bytes: int) -> Any:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+        os.setsid()  # its own process group: a timeout kills it and any children
+
+    return apply
+
+
+def _run_child(args: list[str], timeout: float, mem_gib: float) -> tuple[dict | None, str]:
+    """Run this script with `args` in a limited subprocess; (result, failure reason)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_limit(int(mem_gib * 2**30)))
+    except OSError as exc:
+        return None, f"could not start: {exc}"
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return None, f"timeout after {timeout:.0f} s"
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:]), ""
+    tail = (stderr or "").strip().splitlines()[-3:]
+    if proc.returncode < 0 or any("MemoryError" in t or "bad_alloc" in t or "RESOURCE_EXHAUSTED" in t
+                                  for t in tail):
+        return None, (f"failed (exit {proc.returncode}; memory limit {mem_gib:g} GiB?): "
+                      f"{' | '.join(tail)[-300:]}")
+    return None, f"failed (exit {proc.returncode}): {' | '.join(tail)[-400:]}"
+
+
+def _available(tool: str) -> str | None:
+    module = OPTIONAL.get(tool)
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except ImportError:
+        return f"not installed (pip install {module}; the `bench` extra)"
+    return None
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("jax", "jaxlib", "sympy", "numpy", "symengine", "sympy2jax", "symkern"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _skip_reason(name: str, tool: str, include_known_failures: bool) -> str | None:
+    reason = _available(tool)
+    if reason is None and tool == "jax-hand" and not name.startswith(("net-", "jac-")):
+        reason = "no hand-written jax.numpy reference for this workload"
+    if reason is None and tool == "symengine" and name == "table-1MB":
+        reason = "symengine's Lambdify cannot call a user-defined (Python) function"
+    if reason is None and (name, tool) in KNOWN_SKIPS and not include_known_failures:
+        reason = KNOWN_SKIPS[(name, tool)]
+    return reason
+
+
+def _print_line(tool: str, r: dict) -> None:
+    if r.get("status") != "ok":
+        print(f"  {tool:15s} {r.get('status')}: {r.get('reason')}", flush=True)
+        return
+    err = r.get("max_rel_error")
+    print(f"  {tool:15s} build {r['build_s']:7.2f} s  {r['throughput'] / 1e6:9.2f} M/s"
+          f"  latency {r['latency_s'] * 1e6:8.1f} us  err {err if err is None else f'{err:.1e}'}"
+          f"  rss {r['peak_rss_mib']:.0f} MiB", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small profile (< 60 s), for smoke tests")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/<profile>.json)")
+    parser.add_argument("--workloads", help="comma-separated subset")
+    parser.add_argument("--tools", help="comma-separated subset")
+    parser.add_argument("--timeout", type=float, help="seconds per tool and workload")
+    parser.add_argument("--mem-gib", type=float, default=10.0, help="address-space limit per subprocess")
+    parser.add_argument("--batch", type=int, help="throughput batch size")
+    parser.add_argument("--include-known-failures", action="store_true",
+                        help="also run the combinations ANCHORS.md measured above 16 GiB")
+    parser.add_argument("--job", nargs=3, metavar=("WORKLOAD", "DIR", "TOOLS"), help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.job:
+        sys.setrecursionlimit(100_000)  # pickled deep expressions
+        name, directory, tools = args.job
+        result = job(name, Path(directory), [t for t in tools.split(",") if t], json.loads(args.config))
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.timeout:
+        cfg["timeout"] = args.timeout
+    if args.batch:
+        cfg["batch"] = args.batch
+    workload_names = args.workloads.split(",") if args.workloads else cfg["workloads"]
+    tool_names = args.tools.split(",") if args.tools else TOOLS
+    profile = "quick" if args.quick else "full"
+    out_path = args.out or HERE / "results" / f"{profile}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "profile": profile, "config": cfg, "versions": _versions(), "machine": {
+            "platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "tools": tool_names, "workloads": {},
+    }
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="symkern-bench-") as tmp:
+        for name in workload_names:
+            entry: dict[str, Any] = {"tools": {}}
+            report["workloads"][name] = entry
+            runnable = [t for t in tool_names if _skip_reason(name, t, args.include_known_failures) is None]
+            # --quick: one process prepares the workload and runs every tool (start-up
+            # dominates small cases); full: preparation, then one process per tool.
+            first = runnable if args.quick else []
+            t0 = time.perf_counter()
+            result, why = _run_child(["--job", name, tmp, ",".join(first), "--config", json.dumps(cfg)],
+                                     max(cfg["timeout"], 120.0) * (3 + len(first)), args.mem_gib)
+            if result is None or "prepare" not in result:
+                entry["error"] = f"workload preparation {why}"
+                print(f"{name}: {entry['error']}", flush=True)
+                for tool in tool_names:
+                    entry["tools"][tool] = {"status": "error", "reason": entry["error"]}
+                continue
+            meta = result["prepare"]
+            entry.update(meta)
+            print(f"{name}: {meta['ops']} ops ({meta['dag_ops']} shared), "
+                  f"symbolic {meta['symbolic_s']:.1f} s", flush=True)
+            for tool, r in result["tools"].items():
+                r["wall_s"] = time.perf_counter() - t0
+                r["note"] = "--quick: tools share one process; peak_rss is cumulative"
+                entry["tools"][tool] = r
+            for tool in tool_names:
+                reason = _skip_reason(name, tool, args.include_known_failures)
+                if reason is not None:
+                    entry["tools"][tool] = {"status": "skipped", "reason": reason}
+                elif tool not in entry["tools"]:
+                    t0 = time.perf_counter()
+                    result, why = _run_child(["--job", name, tmp, tool, "--config", json.dumps(cfg)],
+                                             cfg["timeout"], args.mem_gib)
+                    entry["tools"][tool] = result["tools"][tool] if result else {"status": "error",
+                                                                                 "reason": why}
+                    entry["tools"][tool]["wall_s"] = time.perf_counter() - t0
+                _print_line(tool, entry["tools"][tool])
+            out_path.write_text(json.dumps(report, indent=1))  # partial results survive a crash
+    report["elapsed_s"] = time.perf_counter() - started
+    out_path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out_path} ({report['elapsed_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

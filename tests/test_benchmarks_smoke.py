@@ -1,0 +1,51 @@
+"""Smoke run of the side-by-side benchmark: `benchmarks/compare.py --quick` finishes and
+its JSON names every tool for every quick workload, each measured, skipped (with a
+reason) or failed (with a reason), so a broken adapter or workload shows up in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--quick", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=85, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_quick_profile_has_every_tool_and_workload(quick_results: dict) -> None:
+    import compare
+
+    assert set(quick_results["workloads"]) == set(compare.QUICK["workloads"])
+    for name, entry in quick_results["workloads"].items():
+        assert set(entry["tools"]) == set(compare.TOOLS), name
+        for tool, result in entry["tools"].items():
+            assert result["status"] in {"ok", "skipped", "error"}, (name, tool)
+            if result["status"] != "ok":
+                assert result["reason"], (name, tool)
+        # symkern and the float64 reference must always work on the quick profile
+        symkern = entry["tools"]["symkern"]
+        assert symkern["status"] == "ok", symkern
+        assert symkern["max_rel_error"] < 1e-4
+        assert symkern["recompiles_on_new_params"] == 0
+        assert symkern["throughput"] > 0 and symkern["hlo_chars"] > 0
+        assert entry["copy_equivalent_throughput"] > 0
+
+
+def test_skipped_tools_say_why(quick_results: dict) -> None:
+    for entry in quick_results["workloads"].values():
+        hand = entry["tools"]["jax-hand"]
+        if hand["status"] == "skipped":
+            assert "hand-written" in hand["reason"]
