@@ -20,16 +20,20 @@ def gate(taken, value):
     Piecewise evaluates every branch on every sample; a branch that is not taken can have
     an infinite partial derivative there (`sqrt` at a negative input), and zero times
     infinity is NaN. Gating each input of a branch masks that NaN before it reaches the
-    arguments, so untaken branches contribute exactly zero to every gradient.
+    arguments, so untaken branches contribute exactly zero to every gradient. The value
+    is broadcast to the mask's (batch) shape: a parameter read in a branch is gated per
+    sample.
     """
-    return value
+    return jnp.broadcast_to(value, jnp.broadcast_shapes(jnp.shape(taken), jnp.shape(value)))
 
 
 @gate.defjvp
 def _gate_jvp(primals, tangents):
     taken, value = primals
     _, value_tangent = tangents
-    return value, jnp.where(taken, value_tangent, jnp.zeros_like(value_tangent))
+    primal = gate(taken, value)
+    tangent = jnp.broadcast_to(value_tangent, primal.shape)
+    return primal, jnp.where(taken, tangent, jnp.zeros_like(tangent))
 
 
 def kernel_namespace(functions: dict | None = None) -> dict:

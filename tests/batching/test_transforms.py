@@ -92,3 +92,11 @@ def test_piecewise_gradient_is_zero_not_nan_from_an_untaken_branch(cse):
 def test_bound_kernel_evaluates_with_frozen_parameters(kernel):
     bound = kernel.bind(PARAMS)
     np.testing.assert_allclose(bound(POINT), kernel(POINT, PARAMS), rtol=1e-15)
+
+
+def test_gradient_of_a_parameter_read_in_a_branch_over_a_batch():
+    k = sk.build_function(sp.Piecewise((x0 * b, x0 > 0), (x0, True)), [x0], params={"b": b},
+                          dtype="float64")
+    X = np.array([[1.0], [-2.0], [3.0], [4.0]])
+    grad = jax.grad(lambda p: k(X, p).sum())({"b": 2.0})
+    np.testing.assert_allclose(grad["b"], 1.0 + 3.0 + 4.0)
