@@ -21,6 +21,7 @@ from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
+from symkern.kernels.split import SplitProgram, operation_count
 from symkern.kernels.stage import compile_kernel
 from symkern.symbolic.arguments import (
     check_unique_symbols,
@@ -46,6 +47,31 @@ def resolve_dtype(dtype: Any) -> np.dtype:
             "without it JAX computes in float32"
         )
     return resolved
+
+
+#: bodies above this many operations are compiled as pieces of at most PIECE_OPERATIONS,
+#: in two threads: at 10^4 operations that took the first result from 82 s to 19 s and ran
+#: 3x faster (docs/benchmarks.md, "Expression scale")
+SPLIT_ABOVE_OPERATIONS = 2000
+PIECE_OPERATIONS = 1000
+
+
+def _split_program(generated, functions, data, dtype, const_count) -> SplitProgram | None:
+    if operation_count(generated.module) <= SPLIT_ABOVE_OPERATIONS:
+        return None
+    rank = len(data[0].shape) if data else 0
+
+    def finish(entries: tuple, arguments: tuple) -> tuple:
+        # what Kernel._compute does to the entries: the kernel's dtype, the batch shape
+        if data:
+            first = arguments[const_count]
+            batch = tuple(first.shape)[: first.ndim - rank]
+        else:
+            batch = ()
+        return tuple(jnp.broadcast_to(jnp.asarray(e, dtype), batch) for e in entries)
+
+    return SplitProgram.from_module(generated.module, 10**9, max_operations=PIECE_OPERATIONS,
+                                    functions=functions, finish=finish, workers=2)
 
 
 def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype,
@@ -136,12 +162,15 @@ def build_function(
     warn_if_large(const_args)
     with stopwatch.stage("python_compile"):
         function = compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
+        split = _split_program(generated, namespace_functions, data, resolved_dtype,
+                               len(const_args))
     timings = dict(stopwatch.timings)
     timings["build"] = time.perf_counter() - start
     stopwatch.close()
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
                                 params is not None)
-    return Kernel(generated, function, signature, equations, timings, tuple(const_args), progress)
+    return Kernel(generated, function, signature, equations, timings, tuple(const_args), progress,
+                  split)
 
 
 def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Kernel:

@@ -94,6 +94,7 @@ class Kernel:
         timings: dict[str, float],
         const_args: tuple[ConstArg, ...] = (),
         progress: bool | None = None,
+        split: Any = None,
     ) -> None:
         self._generated = generated
         self._function = function
@@ -101,6 +102,9 @@ class Kernel:
         self.equations = equations
         self.timings = dict(timings)
         self._progress = progress
+        # a huge body compiled as separate pieces (symkern.kernels.split); traced calls
+        # (jit, grad, vmap, export) still see the whole body through _evaluate
+        self._pieces = split
         self._const_args = tuple(const_args)
         self._const_values = tuple(c.value for c in const_args)
         # jit functions that reach this kernel through a weak reference: a strong one would
@@ -279,7 +283,29 @@ class Kernel:
             self.compilations += 1
             self._seen.add(key)
 
+    def _execute_split(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
+        const_values, data, parameter_leaves = prepared
+        arguments = list(const_values) + list(data)
+        if self.signature.parameters:
+            arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                          parameter_leaves))
+        key = ("split", batch_shape)
+        if key not in self._seen:
+            with self._lock:
+                if key not in self._seen:
+                    self._pieces.compile(*arguments)
+                    if self.compilations == 0:
+                        self.timings.update(self._pieces.timings)
+                    self.compilations += 1
+                    self._seen.add(key)
+        entries = self._pieces(*arguments)
+        if self._needs_assembly:
+            return self._assemble_jitted(entries)
+        return jax.tree_util.tree_unflatten(self.equations.treedef, list(entries))
+
     def _execute(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
+        if self._pieces is not None:
+            return self._execute_split(prepared, batch_shape)
         size = math.prod(batch_shape)
         if size <= FUSED_UP_TO or not self._needs_assembly:
             # one executable: for small batches one dispatch beats an unfused stack
