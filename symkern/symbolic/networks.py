@@ -316,13 +316,14 @@ class SymbolicNetwork:
     _L1_b_2
     """
 
-    def __new__(cls, net: Chain | Dense, structured: bool | None = None) -> Any:
+    def __new__(cls, net: Chain | Dense | None = None, structured: bool | None = None) -> Any:
         # One API, two forms: a network with any layer above 64 weights stays an array
         # program (symkern.symbolic.structured); `structured=` overrides the choice.
         from symkern.symbolic.structured import StructuredNetwork, prefer_structured
 
         if structured is None:
-            structured = isinstance(net, (Chain, Dense)) and prefer_structured(net)
+            structured = net is not None and isinstance(net, (Chain, Dense)) \
+                and prefer_structured(net)
         if structured:
             return StructuredNetwork(net)
         return super().__new__(cls)

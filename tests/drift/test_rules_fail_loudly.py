@@ -81,7 +81,7 @@ def three_indices(node: ast.Subscript) -> ast.Subscript:
 
 
 def sin_as_method(node: ast.Call) -> ast.Call:
-    return ast.Call(ast.Attribute(node.args[0], "conjugate", ast.Load()), [], [])
+    return ast.Call(ast.Attribute(node.args[0], "transpose", ast.Load()), [], [])
 
 
 def swapped_arguments(node: ast.FunctionDef) -> ast.FunctionDef:
@@ -141,7 +141,7 @@ MUTATIONS = [
     ("column printed flat, array([a, b])", Replace(ast.Call, calls_named("array", flattened_column)),
      "stack_outputs", (False, True)),
     ("data read as _a0[0, 0, 0]", Replace(ast.Subscript, three_indices), "index_by_batch", (False, True)),
-    ("method callee (x).conjugate() not in the table", Replace(ast.Call, calls_named("sin", sin_as_method)),
+    ("method callee (x).transpose() not in the table", Replace(ast.Call, calls_named("sin", sin_as_method)),
      "resolve_callees", (False, True)),
     ("argument order swapped", Replace(ast.FunctionDef, swapped_arguments), "substitute_arguments",
      (False, True)),
