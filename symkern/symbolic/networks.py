@@ -170,7 +170,12 @@ expression, got 'swish'
 
     def symbolic_apply(self, x: sp.Matrix, ps: Mapping[str, sp.Matrix]) -> sp.Matrix:
         """`activation(W*x + b)` entrywise, for an n_in×1 Matrix `x` of expressions."""
-        return (ps["W"] * x + ps["b"]).applyfunc(self._forms.sympy)
+        # explicit row sums: SymPy's Matrix product took 36 s on a 4-16-16-4 network
+        W, b = ps["W"], ps["b"]
+        return sp.Matrix([
+            self._forms.sympy(sp.Add(*[W[i, j] * x[j] for j in range(self.n_in)], b[i]))
+            for i in range(self.n_out)
+        ])
 
 
 @dataclass(frozen=True, repr=False)
