@@ -27,7 +27,7 @@ import sympy as sp
 from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen import rules
-from symkern.codegen.callee import CALLEE_TABLE, target_node
+from symkern.codegen.callee import CALLEE_TABLE, dotted_name, target_node
 from symkern.codegen.emit import CSE_PREFIX, FUNCTION_NAME, EmittedCode, _check_functions, _printer
 from symkern.codegen.pipeline import FLOAT32, GeneratedCode, generate, print_source
 from symkern.errors import CodegenDriftError
@@ -277,21 +277,10 @@ def index_by_batch_structured(module: ast.Module, data_ranks: Mapping[str, int])
         if isinstance(parent, ast.Attribute) and parent.attr == "shape":
             continue
         if (isinstance(parent, ast.Call) and node in parent.args and len(parent.args) == 1
-                and rules_dotted(parent.func) in ELEMENTWISE_TARGETS):
+                and dotted_name(parent.func) in ELEMENTWISE_TARGETS):
             continue
         raise _drift(rule, f"{name} read with its batch dimensions leading", f"{where}")
     return module
-
-
-def rules_dotted(node: ast.expr) -> str | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _ellipsis_led(node: ast.Subscript) -> bool:
