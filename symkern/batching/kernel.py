@@ -151,12 +151,18 @@ class Kernel:
         return f"Kernel({data}{params}) -> {len(self.equations.leaves)} equation(s), {self.dtype.name}"
 
     # ---- the traced computation ---------------------------------------------------------
-    def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
-        """Every scalar entry of every equation, each shaped like the batch."""
+    def _function_arguments(self, const_args: tuple, data: tuple,
+                            parameter_leaves: tuple) -> list[Any]:
+        """The generated function's positional arguments: const args, data, the `ps` tree."""
         arguments = list(const_args) + list(data)
         if self.signature.parameters:
             arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
                                                           parameter_leaves))
+        return arguments
+
+    def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
+        """Every scalar entry of every equation, each shaped like the batch."""
+        arguments = self._function_arguments(const_args, data, parameter_leaves)
         batch_shape = self._batch_shape_of(data)
         return tuple(jnp.broadcast_to(jnp.asarray(entry, self.dtype), batch_shape)
                      for entry in self._function(*arguments))
@@ -285,10 +291,7 @@ class Kernel:
 
     def _execute_split(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
         const_values, data, parameter_leaves = prepared
-        arguments = list(const_values) + list(data)
-        if self.signature.parameters:
-            arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
-                                                          parameter_leaves))
+        arguments = self._function_arguments(const_values, data, parameter_leaves)
         key = ("split", batch_shape)
         if key not in self._seen:
             with self._lock:

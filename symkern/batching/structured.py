@@ -48,10 +48,7 @@ class StructuredKernel(Kernel):
         self._needs_assembly = layout.needs_assembly
 
     def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
-        arguments = list(const_args) + list(data)
-        if self.signature.parameters:
-            arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
-                                                          parameter_leaves))
+        arguments = self._function_arguments(const_args, data, parameter_leaves)
         batch_shape = self._batch_shape_of(data)
         pieces = list(self._function(*arguments))
         shaped = []
