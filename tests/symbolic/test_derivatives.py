@@ -32,14 +32,6 @@ ALL = tuple(sorted(ACTIVATIONS))
 SMOOTH = tuple(sorted(set(ACTIVATIONS) - {"relu", "elu"}))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def float64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 @st.composite
 def networks(draw, names=ALL, max_depth: int = 2) -> Chain:
     depth = draw(st.integers(1, max_depth))

@@ -20,15 +20,6 @@ FAST = settings(max_examples=10, deadline=None, derandomize=True)
 NUMPY = [{"erf": np.vectorize(math.erf)}, "numpy"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def float64():
-    """float64 in JAX for this module, restoring whatever a conftest had set."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 @st.composite
 def networks(draw, max_depth: int = 3, max_width: int = 6) -> Chain:
     depth = draw(st.integers(1, max_depth))

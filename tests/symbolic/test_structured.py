@@ -28,14 +28,6 @@ ACTIVATIONS = ["tanh", "sigmoid", "softplus", "sin", "gelu"]
 FAST = settings(max_examples=4, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def float64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 @st.composite
 def networks(draw, max_depth: int = 3, max_width: int = 6) -> Chain:
     depth = draw(st.integers(1, max_depth))
