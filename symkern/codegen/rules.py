@@ -26,8 +26,8 @@ from symkern.errors import CodegenDriftError
 
 #: the name of the rewritten function
 KERNEL_NAME = "kernel"
-#: generated locals that carry values a Piecewise branch may read (CSE, hoisted Piecewise)
-VALUE_NAME = re.compile(r"_[cw]\d+$")
+#: generated locals that carry values a Piecewise branch may read (CSE assignments)
+VALUE_NAME = re.compile(r"_c\d+$")
 DATA_NAME = re.compile(r"x\d+$")
 
 
