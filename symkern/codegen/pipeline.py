@@ -73,6 +73,7 @@ def rule_sequence(
         ("resolve_callees", lambda m: rules.resolve_callees(m, emitted.user_functions)),
         ("use_integer_pow", rules.use_integer_pow),
         ("index_by_batch", lambda m: rules.index_by_batch(m, data_ranks)),
+        ("hoist_data_reads", rules.hoist_data_reads),
         ("guard_piecewise_gradients", rules.guard_piecewise_gradients),
         ("stack_outputs", lambda m: rules.stack_outputs(m, printed_shapes)),
         ("broadcast_constant_outputs", lambda m: rules.broadcast_constant_outputs(

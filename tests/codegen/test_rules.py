@@ -256,3 +256,12 @@ def test_hoist_array_literals_keeps_arrays_with_non_numeric_entries():
     hoisted = []
     out = text(rules.hoist_array_literals(module, 0, np.dtype("float64"), hoisted))
     assert hoisted == [] and out.startswith("def kernel(x1):")
+
+
+# ---- hoist_data_reads -------------------------------------------------------------------------
+
+def test_hoist_data_reads_reads_each_entry_once_in_index_order():
+    module = tree("def kernel(x1, x2):\n    return (x1[..., 1] * x2[..., 0, 1] + x1[..., 1], x1[..., 0])")
+    out = text(rules.hoist_data_reads(module))
+    assert out == ("def kernel(x1, x2):\n    _d0 = x1[..., 0]\n    _d1 = x1[..., 1]\n"
+                   "    _d2 = x2[..., 0, 1]\n    return (_d1 * _d2 + _d1, _d0)")
