@@ -266,7 +266,20 @@ class SymengineTool:
         return None
 
 
-class Sympy2JaxTool:
+class _JittedBatchTool:
+    """Tools whose batched evaluation is one jitted `self.fn(data, ps)`."""
+
+    def call(self, data: Any, ps: Any) -> Any:
+        return self.fn(data, ps)
+
+    def entries(self, out: Any, n: int) -> np.ndarray:
+        return _as_columns(out, n)
+
+    def hlo(self, data: Any, ps: Any) -> str:
+        return self.fn.lower(data, ps).as_text()
+
+
+class Sympy2JaxTool(_JittedBatchTool):
     jax = True
 
     def __init__(self, wl: Any) -> None:
@@ -293,20 +306,13 @@ class Sympy2JaxTool:
     prepare = LambdifyJaxTool.prepare
     params = LambdifyJaxTool.params
 
-    def call(self, data: Any, ps: Any) -> Any:
-        return self.fn(data, ps)
-
-    def entries(self, out: Any, n: int) -> np.ndarray:
-        return _as_columns(out, n)
 
     def single(self, x: np.ndarray, ps: Any) -> Any:
         return self.fn(x, ps)
 
-    def hlo(self, data: Any, ps: Any) -> str:
-        return self.fn.lower(data, ps).as_text()
 
 
-class JaxHandTool:
+class JaxHandTool(_JittedBatchTool):
     jax = True
 
     def __init__(self, wl: Any) -> None:
@@ -325,17 +331,10 @@ class JaxHandTool:
     prepare = SymkernTool.prepare
     params = SymkernTool.params
 
-    def call(self, data: Any, ps: Any) -> Any:
-        return self.fn(data, ps)
-
-    def entries(self, out: Any, n: int) -> np.ndarray:
-        return _as_columns(out, n)
 
     def single(self, x: np.ndarray, ps: Any) -> Any:
         return self.one(x, ps)
 
-    def hlo(self, data: Any, ps: Any) -> str:
-        return self.fn.lower(data, ps).as_text()
 
 
 ADAPTERS = {"symkern": SymkernTool, "lambdify-numpy": LambdifyNumpyTool, "lambdify-jax": LambdifyJaxTool,
