@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from symkern.batching.kernel import FUSED_UP_TO, Kernel, check_dtype_policy
+from symkern.batching.kernel import FUSED_UP_TO, Kernel, _weak_method, check_dtype_policy
 from symkern.errors import ArgumentError
 
 
@@ -34,8 +34,11 @@ class FlatKernel:
             self._layout.append((offset, size, spec.shape))
             offset += size
         self.size = offset
-        self._fused = jax.jit(self._evaluate)
-        self._entries = jax.jit(self._compute)
+        self._entries = jax.jit(_weak_method(self, "_compute"))
+        # as Kernel's direct path: checks at trace time, shapes the checked path ran fused
+        self._direct = jax.jit(_weak_method(self, "_evaluate_arguments"))
+        self._direct_shapes: set[tuple[int, ...]] = set()
+        self._n_arguments = len(kernel.signature.data) + 1
 
     def _leaves(self, theta: Any) -> tuple:
         return tuple(theta[start:start + size].reshape(shape)
@@ -47,20 +50,40 @@ class FlatKernel:
     def _compute(self, const_args: tuple, data: tuple, theta: Any) -> tuple:
         return self.kernel._compute(const_args, data, self._leaves(theta))
 
-    def __call__(self, *args: Any) -> Any:
+    def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
+        data, theta = self._check(args)
+        return self._evaluate(const_args, data, theta)
+
+    def _check(self, args: tuple) -> tuple[tuple, Any]:
         kernel = self.kernel
-        if kernel.dtype.itemsize == 8:
-            check_dtype_policy(kernel.dtype)
+        check_dtype_policy(kernel.dtype)
+        if len(args) != self._n_arguments:
+            raise ArgumentError(f"flat kernel: expected {self._n_arguments} argument(s) "
+                                f"(the data and theta), got {len(args)}")
         *data, theta = args
         if getattr(theta, "shape", None) != (self.size,) or theta.dtype != kernel.dtype:
             raise ArgumentError(f"theta: expected a {kernel.dtype.name} buffer of shape "
                                 f"({self.size},) from kernel.flatten(ps), got "
                                 f"{getattr(theta, 'dtype', type(theta).__name__)}"
                                 f"{getattr(theta, 'shape', '')}")
-        data = kernel.check_data(data)
+        return kernel.check_data(data), theta
+
+    def __call__(self, *args: Any) -> Any:
+        kernel = self.kernel
+        if len(args) == self._n_arguments and len(args) > 1:
+            try:
+                if getattr(args[0], "shape", None) in self._direct_shapes:
+                    return self._direct(kernel._const_values, args)
+            except (TypeError, ArgumentError):
+                pass  # jit cannot take an argument, or a check failed at trace time:
+                # the checked path below raises the same error without JAX's traceback note
+        data, theta = self._check(args)
         batch = math.prod(kernel._batch_shape_of(data))
         if batch <= FUSED_UP_TO or not kernel._needs_assembly:
-            return self._fused(kernel._const_values, data, theta)
+            result = self._direct(kernel._const_values, data + (theta,))
+            if data and not any(isinstance(a, jax.core.Tracer) for a in data):
+                self._direct_shapes.add(tuple(data[0].shape))
+            return result
         return kernel._assemble_jitted(self._entries(kernel._const_values, data, theta))
 
     def __repr__(self) -> str:

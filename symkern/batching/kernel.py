@@ -60,6 +60,20 @@ def _weak_method(owner: Any, name: str) -> Callable[..., Any]:
     return call
 
 
+def _jit_takes(args: tuple) -> bool:
+    """Whether jit takes every leaf of `args` as it is (else the checked arrays are used)."""
+    for leaf in jax.tree_util.tree_leaves(args):
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            if leaf.dtype.kind not in "biuf":
+                return False
+        elif type(leaf) is int:
+            if not -2**31 <= leaf < 2**31:
+                return False
+        elif type(leaf) not in (float, bool):
+            return False
+    return True
+
+
 def check_dtype_policy(dtype: np.dtype) -> None:
     """A float64 kernel needs jax_enable_x64 now as when it was built."""
     if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
@@ -115,11 +129,19 @@ class Kernel:
         # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
         self._compute_jitted = jax.jit(_weak_method(self, "_compute"))
         self._assemble_jitted = jax.jit(_weak_method(self, "_assemble"))
+        # The direct path: `kernel(*args)` handed to one jit as it came. Its checks run at
+        # trace time, once per argument signature, so a repeated call costs what calling
+        # a jitted function costs (issue 8, benchmarks/dispatch.py). Only shapes the
+        # checked path has already run fused take it (`_direct_shapes`: first data
+        # argument's shape); anything jit cannot take falls back to the checked path.
+        self._direct = jax.jit(_weak_method(self, "_evaluate_arguments"))
+        self._direct_shapes: set[tuple[int, ...]] = set()
+        self._direct_signatures: set[tuple] = set()
         self._needs_assembly = any(self.equations.shapes)
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
-        self.compilations = 0
+        self._compilations = 0
 
     # ---- what each stage produced -------------------------------------------------------
     @property
@@ -182,6 +204,25 @@ class Kernel:
     def _evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
         return self._assemble(self._compute(const_args, data, parameter_leaves))
 
+    def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
+        """The direct path's traced function: the call's own arguments, checked here.
+
+        Runs once per argument signature (jit caches on it), so these checks cost
+        nothing on repeated calls; a failing check raises the same error as the checked
+        path. A new x64 setting is a new signature too, so the dtype policy holds.
+        """
+        _, data, parameter_leaves = self._prepare(args)
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        self._direct_signatures.add((treedef, tuple(
+            (tuple(a.shape), str(a.dtype), bool(getattr(a, "aval", a).weak_type))
+            for a in leaves)))
+        return self._evaluate(const_args, data, parameter_leaves)
+
+    @property
+    def compilations(self) -> int:
+        """Programs compiled for top-level calls: one per batch shape and argument dtype."""
+        return self._compilations + len(self._direct_signatures)
+
     def _batch_shape_of(self, data: Sequence[Any]) -> tuple[int, ...]:
         if not data:
             return ()
@@ -203,7 +244,14 @@ class Kernel:
 
     def _as_array(self, value: Any, label: str) -> Any:
         if isinstance(value, jax.Array):  # device arrays and tracers
+            if value.dtype.kind not in "biuf":
+                raise ArgumentError(f"{label}: expected real numbers, got dtype "
+                                    f"{value.dtype.name}")
             return value if value.dtype == self.dtype else value.astype(self.dtype)
+        if isinstance(value, (list, tuple)) and any(
+                isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
+            # nested lists traced by the direct path (jit takes a list as a tree)
+            return self._as_array(jnp.asarray(value), label)
         try:
             array = np.asarray(value)
         except (TypeError, ValueError) as error:
@@ -267,14 +315,15 @@ class Kernel:
         data, ps = self._split(args)
         return (self._const_values, self.check_data(data), self.check_parameters(ps))
 
-    def _note_compilation(self, jitted: Any, key: tuple, prepared: tuple) -> None:
+    def _note_compilation(self, jitted: Any, key: tuple, prepared: tuple,
+                          counted: bool = True) -> None:
         """Compile ahead of the first call for each batch shape, timing lower and compile."""
         if key in self._seen:
             return
         with self._lock:
             if key in self._seen:
                 return
-            first = self.compilations == 0
+            first = not self._seen
             stopwatch = Stopwatch(progress=self._progress if first else False,
                                   label="symkern first call", stages=CALL_STAGES)
             with stopwatch.stage("trace"):
@@ -286,7 +335,7 @@ class Kernel:
             stopwatch.close()
             if first:
                 self.timings.update(stopwatch.timings)
-            self.compilations += 1
+            self._compilations += counted
             self._seen.add(key)
 
     def _execute_split(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
@@ -297,27 +346,43 @@ class Kernel:
             with self._lock:
                 if key not in self._seen:
                     self._pieces.compile(*arguments)
-                    if self.compilations == 0:
+                    if not self._seen:
                         self.timings.update(self._pieces.timings)
-                    self.compilations += 1
+                    self._compilations += 1
                     self._seen.add(key)
         entries = self._pieces(*arguments)
         if self._needs_assembly:
             return self._assemble_jitted(entries)
         return jax.tree_util.tree_unflatten(self.equations.treedef, list(entries))
 
-    def _execute(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
+    def _execute(self, prepared: tuple, batch_shape: tuple[int, ...],
+                 raw: tuple | None = None) -> Any:
         if self._pieces is not None:
             return self._execute_split(prepared, batch_shape)
         size = math.prod(batch_shape)
         if size <= FUSED_UP_TO or not self._needs_assembly:
             # one executable: for small batches one dispatch beats an unfused stack
-            self._note_compilation(self._jitted, ("fused", batch_shape), prepared)
-            return self._jitted(*prepared)
+            const_values, data, parameter_leaves = prepared
+            if raw is not None and _jit_takes(raw):
+                # the call's own arguments, so that repeating it takes the direct path
+                # with the signature compiled here (a Python float stays weakly typed)
+                self._note_compilation(self._direct, ("fused", batch_shape, "raw"),
+                                       (const_values, raw), counted=False)
+                result = self._direct(const_values, raw)
+                self._direct_shapes.add(tuple(data[0].shape))
+                return result
+            args = data
+            if self.signature.has_parameters:
+                args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                      parameter_leaves),)
+            self._note_compilation(self._direct, ("fused", batch_shape), (const_values, args),
+                                   counted=False)
+            return self._direct(const_values, args)
         self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
         return self._assemble_jitted(self._compute_jitted(*prepared))
 
-    def _run(self, prepared: tuple) -> Any:
+    def _run(self, prepared: tuple, raw: tuple | None = None) -> Any:
+        """Run checked arguments; `raw`, the call's own arguments, if they were unpadded."""
         const_values, data, parameter_leaves = prepared
         if any(isinstance(a, jax.core.Tracer) for a in data + parameter_leaves):
             return self._jitted(*prepared)
@@ -331,16 +396,25 @@ class Kernel:
         n = math.prod(batch_shape)
         size = bucket_size(n)
         if exact or (size == n and len(batch_shape) <= 1) or n == 0:
-            return self._execute(prepared, batch_shape)
+            return self._execute(prepared, batch_shape, raw if data else None)
         ranks = [len(spec.shape) for spec in self.signature.data]
         padded = pad_batch(data, ranks, n, size)
-        result = self._execute((const_values, padded, parameter_leaves), (size,))
+        # the call's own parameters with the padded data: the same signature as an
+        # unpadded call of the bucket's size, so the two share one executable
+        raw_padded = tuple(padded) + tuple(raw[len(data):]) if raw is not None else None
+        result = self._execute((const_values, padded, parameter_leaves), (size,), raw_padded)
         return jax.tree_util.tree_map(
             lambda leaf: jax.device_put(np.asarray(leaf)[:n].reshape(batch_shape + leaf.shape[1:])),
             result)
 
     def __call__(self, *args: Any) -> Any:
-        return self._run(self._prepare(args))
+        try:  # the direct path; a wrong argument count fails its trace-time check
+            if args[0].shape in self._direct_shapes:
+                return self._direct(self._const_values, args)
+        except (IndexError, AttributeError, TypeError, ArgumentError):
+            pass  # jit cannot take an argument, or a check failed at trace time: the
+            # checked path below raises the same error without JAX's traceback note
+        return self._run(self._prepare(args), args)
 
     def jaxpr(self, *args: Any) -> Any:
         """The jaxpr of the whole call (stage 3) for arguments of these shapes."""
@@ -414,6 +488,10 @@ class BoundKernel:
     def __init__(self, kernel: Kernel, parameter_leaves: tuple[Any, ...]) -> None:
         self.kernel = kernel
         self.parameter_leaves = parameter_leaves
+        # the frozen tree as the direct path takes it: same signature as a checked call
+        self._tail = ((jax.tree_util.tree_unflatten(kernel.signature.parameter_treedef,
+                                                    list(parameter_leaves)),)
+                      if kernel.signature.has_parameters else ())
 
     @property
     def const_args(self) -> tuple[ConstArg, ...]:
@@ -425,11 +503,19 @@ class BoundKernel:
 
     def __call__(self, *data: Any) -> Any:
         kernel = self.kernel
+        if data:
+            try:
+                if getattr(data[0], "shape", None) in kernel._direct_shapes:
+                    return kernel._direct(kernel._const_values, data + self._tail)
+            except (TypeError, ArgumentError):
+                pass  # jit cannot take an argument, or a check failed at trace time:
+                # the checked path below raises the same error without JAX's traceback note
         check_dtype_policy(kernel.dtype)
         if len(data) != len(kernel.signature.data):
             raise ArgumentError(f"bound kernel: expected {len(kernel.signature.data)} data "
                                 f"argument(s), got {len(data)}")
-        return kernel._run((kernel._const_values, kernel.check_data(data), self.parameter_leaves))
+        return kernel._run((kernel._const_values, kernel.check_data(data), self.parameter_leaves),
+                           tuple(data) + self._tail)
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.kernel!r})"

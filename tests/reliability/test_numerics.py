@@ -119,18 +119,26 @@ INPUT_DTYPES = ["int8", "int32", "int64", "uint8", "bool", "float16", "float32",
 def test_inputs_are_cast_to_the_kernel_dtype(kernel_dtype):
     kernel = sk.build_function(sp.Matrix([x * a + 1, x / 2]), x, params={"a": a},
                                dtype=kernel_dtype)
-    for input_dtype in INPUT_DTYPES:
-        values = np.array([0, 1, 1], dtype=input_dtype)
-        parameter = np.array(3).astype(input_dtype)     # True for bool
-        p = float(parameter)
-        for data in (values, jnp.asarray(values)):
-            out = kernel(data, {"a": parameter})
-            assert out.dtype == np.dtype(kernel_dtype), input_dtype
-            np.testing.assert_array_equal(
-                np.asarray(out), np.array([[1, 0], [p + 1, 0.5], [p + 1, 0.5]], kernel_dtype),
-                err_msg=input_dtype)
-    # the cast happens before the call: one executable serves every input dtype
-    assert kernel.compilations == 1
+    def sweep():
+        for input_dtype in INPUT_DTYPES:
+            values = np.array([0, 1, 1], dtype=input_dtype)
+            parameter = np.array(3).astype(input_dtype)     # True for bool
+            p = float(parameter)
+            for data in (values, jnp.asarray(values)):
+                out = kernel(data, {"a": parameter})
+                assert out.dtype == np.dtype(kernel_dtype), input_dtype
+                np.testing.assert_array_equal(
+                    np.asarray(out), np.array([[1, 0], [p + 1, 0.5], [p + 1, 0.5]], kernel_dtype),
+                    err_msg=input_dtype)
+
+    sweep()
+    # the first call casts on the host; repeated calls hand their arguments to jit as they
+    # are (the direct path), which casts inside: one program per input dtype, numpy and
+    # jax arrays of one dtype sharing it, and none more on a second sweep
+    compiled = kernel.compilations
+    assert compiled == len(INPUT_DTYPES)
+    sweep()
+    assert kernel.compilations == compiled
 
 
 def test_large_integers_are_rounded_like_the_cast_to_float():
