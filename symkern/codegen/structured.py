@@ -52,7 +52,7 @@ from symkern.symbolic.structured import (
 
 DATA_NAME = re.compile(r"x\d+$")
 #: names the scalar pipeline generates inside a body (CSE, Piecewise values and branches)
-SCALAR_LOCAL = re.compile(r"_[cwb]\d+$")
+SCALAR_LOCAL = re.compile(r"_[cwbd]\d+$")
 CONST_NAME = re.compile(r"_k\d+$")
 #: callees that are not elementwise: a data argument passed to them would mix samples
 NOT_ELEMENTWISE = {"select", "all", "any", "asarray", "array"}
@@ -211,7 +211,8 @@ def step_statements(steps: Sequence[Any], orders: int, upstream: list[str]) -> l
 # ---- rules for array code -------------------------------------------------------------------------
 
 
-def index_by_batch_structured(module: ast.Module, data_ranks: Mapping[str, int]) -> ast.Module:
+def index_by_batch_structured(module: ast.Module, data_ranks: Mapping[str, int],
+                              scalar_parameters: Sequence[str] = ()) -> ast.Module:
     """Check that every read of a vector or matrix data argument keeps its batch dimension.
 
     Accepted: `x1[..., i]` and any subscript that starts with `...`; `x1` as the LEFT
@@ -219,9 +220,12 @@ def index_by_batch_structured(module: ast.Module, data_ranks: Mapping[str, int])
     `x1` elementwise (`+ - * / **`) with another batch-leading array or a number; `x1` as
     the argument of an elementwise callee (`jnp.tanh`); `x1.shape`. Rejected, since the
     batch dimension would silently be ignored or mixed in: `x1[0]`, `W @ x1`, `x1.T`,
-    `jnp.sum(x1)`, assigning or returning `x1` whole. Returns the module unchanged.
+    `jnp.sum(x1)`, assigning or returning `x1` whole. Parameters that are scalars
+    (`scalar_parameters`, as printed: `ps['c']`) and parameter entries (`ps['W'][0, 1]`)
+    count as numbers. Returns the module unchanged.
     """
     rule = "index_by_batch_structured"
+    scalars = set(scalar_parameters)
     function = next((n for n in module.body if isinstance(n, ast.FunctionDef)), None)
     if function is None:
         raise _drift(rule, "a function definition", "none")
@@ -242,6 +246,10 @@ def index_by_batch_structured(module: ast.Module, data_ranks: Mapping[str, int])
             return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
         if isinstance(node, ast.Name):
             return node.id in leading
+        if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
+            return batch_leading(node.operand)  # -2
+        if _scalar_parameter(node, scalars):
+            return True  # broadcasts against anything, mixes no samples
         if isinstance(node, ast.Subscript):
             return _ellipsis_led(node) and batch_leading(node.value)
         if isinstance(node, (ast.BinOp, ast.Call, ast.UnaryOp)):
@@ -281,6 +289,23 @@ def index_by_batch_structured(module: ast.Module, data_ranks: Mapping[str, int])
             continue
         raise _drift(rule, f"{name} read with its batch dimensions leading", f"{where}")
     return module
+
+
+def _scalar_parameter(node: ast.expr, scalars: set[str]) -> bool:
+    """`ps['c']` for a scalar leaf, or an entry `ps['W'][0, 1]` / `ps['b'][2]`."""
+    if not isinstance(node, ast.Subscript):
+        return False
+    if ast.unparse(node) in scalars:
+        return True
+    index = node.slice
+    items = index.elts if isinstance(index, ast.Tuple) else [index]
+    if not all(isinstance(i, ast.Constant) and type(i.value) is int for i in items):
+        return False
+    root = node.value
+    while isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Constant) \
+            and isinstance(root.slice.value, str):
+        root = root.value
+    return isinstance(root, ast.Name) and root.id == "ps"
 
 
 def _ellipsis_led(node: ast.Subscript) -> bool:
@@ -407,9 +432,81 @@ def scalar_block(entries: Sequence[sp.Expr], data: Sequence[ArgumentSpec],
     return ScalarBlock(statements, list(values), literals, generated.upstream.source)
 
 
+def uniform_template(entries: Sequence[sp.Expr],
+                     vectors: Sequence[Sequence[sp.Symbol]]) -> sp.Expr | None:
+    """`entries[0]` if entry `i` is it with every vector's entry 0 replaced by entry `i`.
+
+    Such entries are one elementwise formula over whole vectors (a squared loss's seed
+    `g_i = 2 (h_i - y_i)`), printed once on the arrays instead of `m` times on their
+    entries and stacked (XLA compile 0.22 → 0.13 s on a width-8 gradient). None when
+    the entries are not of that form, when the formula reads another entry of a vector, or
+    when it is not built from arithmetic and one-argument functions (elementwise for sure).
+    """
+    m = len(entries)
+    vectors = [v for v in vectors if len(v) == m]
+    if m < 2 or not vectors:
+        return None
+    template = sp.sympify(entries[0])
+    free = template.free_symbols
+    firsts = {v[0] for v in vectors}
+    if not free & firsts or any(s in free for v in vectors for s in v[1:]):
+        return None
+    for node in sp.preorder_traversal(template):
+        if isinstance(node, (sp.Symbol, sp.Number, sp.Add, sp.Mul, sp.Pow)):
+            continue
+        if isinstance(node, sp.Function) and len(node.args) == 1:
+            continue
+        return None
+    for i in range(1, m):
+        if template.xreplace({v[0]: v[i] for v in vectors}) != entries[i]:
+            return None
+    return template
+
+
 def _stack(entries: Sequence[ast.expr]) -> ast.expr:
     return ast.Call(target_node("jnp.stack"), [ast.List(list(entries), ast.Load())],
                     [ast.keyword("axis", ast.Constant(-1))])
+
+
+def _uniform_seed(seed: list[sp.Expr], a: int, plan: StructuredPlan,
+                  data: Sequence[ArgumentSpec], quantities: Mapping[tuple[int, Any], ast.expr],
+                  scalar_parameters: Sequence[ArgumentSpec], tag: str, const_offset: int,
+                  body: list[ast.stmt], literals: list[rules.HoistedLiteral],
+                  upstream: list[str], options: Mapping[str, Any]) -> ast.expr | None:
+    """The seed `∂loss/∂y` as one array expression when `uniform_template` finds one.
+
+    The template's vector symbols become rank-0 placeholders that read the whole vectors
+    (the network output, a data vector of the same length), so the scalar pipeline prints
+    one elementwise formula over batch-leading arrays. Appends its statements to `body`.
+    """
+    output = plan.needs[a].placeholders.get("output")
+    vectors: list[tuple[list[sp.Symbol], ast.expr]] = []
+    if output is not None and (a, "output") in quantities:
+        vectors.append((list(output), quantities[(a, "output")]))
+    for position, spec in enumerate(data):
+        if len(spec.shape) == 1:
+            vectors.append((list(spec.entries), _load(f"x{position + 1}")))
+    template = uniform_template(seed, [v for v, _ in vectors])
+    if template is None:
+        return None
+    # anything else batched (a rank-0 or other-length data entry, another network
+    # quantity) would not broadcast against (…, m): only parameters may join the vectors
+    allowed = {v[0] for v, _ in vectors if len(v) == len(seed)}
+    allowed.update(symbol for spec in scalar_parameters for symbol in spec.entries)
+    if not template.free_symbols <= allowed:
+        return None
+    extra = []
+    for k, (entries, value) in enumerate(vectors):
+        if len(entries) == len(seed) and entries[0] in template.free_symbols:
+            whole = sp.Dummy(f"whole{k}")
+            template = template.xreplace({entries[0]: whole})
+            extra.append((ArgumentSpec("placeholder", (), (whole,)), copy.deepcopy(value)))
+    block = scalar_block([template], data, extra, scalar_parameters, tag, const_offset,
+                         **options)
+    body += block.statements
+    literals += block.literals
+    upstream.append(block.upstream)
+    return block.entries[0]
 
 
 # ---- the whole kernel ---------------------------------------------------------------------------
@@ -515,8 +612,16 @@ def generate_structured(
     for leaf in scalar_leaves:
         entries += list(leaf.expr) if isinstance(leaf.expr, sp.MatrixBase) else [leaf.expr]
     seed_slots: list[tuple[int, int, int]] = []  # (group, application, first entry)
+    uniform: dict[tuple[int, int], ast.expr] = {}  # seeds printed once on whole vectors
     for g, group in enumerate(plan.groups):
         for a, seed in group.seeds.items():
+            value = _uniform_seed(list(seed), a, plan, data, quantities, scalar_parameters,
+                                  f"q{g + 1}a{a + 1}", len(literals), body, literals,
+                                  upstream, options)
+            if value is not None:
+                uniform[(g, a)] = value
+                seed_slots.append((g, a, -1))
+                continue
             seed_slots.append((g, a, len(entries)))
             entries += seed
     scalar_values: list[ast.expr] = []
@@ -534,7 +639,8 @@ def generate_structured(
         program = programs[a]
         tag = "" if len(seed_slots) == 1 else f"_g{g + 1}a{a + 1}"
         seed_name = f"g{program.suffix}" if len(seed_slots) == 1 else f"g{tag}"
-        body.append(ast.Assign([_store(seed_name)], _stack(scalar_values[first:first + m])))
+        seed_value = uniform[(g, a)] if first < 0 else _stack(scalar_values[first:first + m])
+        body.append(ast.Assign([_store(seed_name)], seed_value))
         steps_before = len(program.steps)
         grads = program.backprop(Ref(seed_name), tag)
         body += step_statements(program.steps[steps_before:], program.orders, upstream)
@@ -584,11 +690,13 @@ def generate_structured(
     module = ast.fix_missing_locations(ast.Module([function], type_ignores=[]))
     emitted_at = time.perf_counter()
     data_ranks = {f"x{k + 1}": len(spec.shape) for k, spec in enumerate(data)}
-    module = index_by_batch_structured(module, data_ranks)
+    scalar_reads = [ast.unparse(array_expr(Param(spec.path)))
+                    for spec in parameters if spec.shape == ()]
+    module = index_by_batch_structured(module, data_ranks, scalar_reads)
     module = prune_unused(module)
     module = inline_single_use(module)
     module = merge_subscripts(module)
-    module = index_by_batch_structured(module, data_ranks)
+    module = index_by_batch_structured(module, data_ranks, scalar_reads)
     source = print_source(module)
     upstream_source = "\n".join(upstream)
     emitted = EmittedCode(upstream_source, ast.parse(upstream_source), ())

@@ -224,10 +224,13 @@ def _module(body: str) -> ast.Module:
     "g = x1[..., None, :] * x1[..., :, None]\nreturn g,",
     "h = jnp.tanh(x1)\nreturn h * x1,",
     "return jnp.broadcast_to(1.0, x1.shape[:-1]),",
+    "return -2 * x1,",
+    "return x1 * ps['c'],",
+    "return ps['W'][0, 1] * x1 + ps['b'][2],",
 ])
 def test_index_by_batch_structured_accepts_batch_leading_reads(body: str) -> None:
     module = _module(body)
-    assert index_by_batch_structured(module, {"x1": 1}) is module
+    assert index_by_batch_structured(module, {"x1": 1}, ["ps['c']"]) is module
 
 
 @pytest.mark.parametrize("body", [
@@ -237,7 +240,80 @@ def test_index_by_batch_structured_accepts_batch_leading_reads(body: str) -> Non
     "return x1[0],",
     "y = x1\nreturn y,",
     "return x1 * ps['b'],",
+    "return x1 * ps['W'][:, 0],",
+    "return x1 * ps['c'][0:1],",
 ])
 def test_index_by_batch_structured_rejects_reads_that_ignore_the_batch(body: str) -> None:
     with pytest.raises(CodegenDriftError, match="index_by_batch_structured"):
-        index_by_batch_structured(_module(body), {"x1": 1})
+        index_by_batch_structured(_module(body), {"x1": 1}, ["ps['c']"])
+
+
+# ---- seeds ∂loss/∂y printed once on whole vectors when every entry is one formula ---------------
+
+ELEMENTWISE_LOSSES = {
+    # name: (SymPy term for entry k, JAX term, whether every seed entry is one formula)
+    "squared": (lambda h, y, c, k: (h - y) ** 2, lambda h, y, c, k: (h - y) ** 2, True),
+    "scaled quartic": (lambda h, y, c, k: c * (h - y) ** 4, lambda h, y, c, k: c * (h - y) ** 4, True),
+    "log cosh-like": (lambda h, y, c, k: sp.log(1 + (h - y) ** 2),
+                      lambda h, y, c, k: jnp.log(1 + (h - y) ** 2), True),
+    "product": (lambda h, y, c, k: sp.sin(h) * y * c, lambda h, y, c, k: jnp.sin(h) * y * c, True),
+    "weighted per entry": (lambda h, y, c, k: (k + 1) * (h - y) ** 2,
+                           lambda h, y, c, k: (k + 1) * (h - y) ** 2, False),
+    "piecewise": (lambda h, y, c, k: sp.Piecewise((h - y, h > y), (2 * (y - h), True)),
+                  lambda h, y, c, k: jnp.where(h > y, h - y, 2 * (y - h)), False),
+}
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+@pytest.mark.parametrize("loss_name", sorted(ELEMENTWISE_LOSSES))
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(net=networks(max_depth=2, max_width=5), seed=st.integers(0, 2**16))
+def test_elementwise_and_coupled_losses_match_jax_grad(net, seed, loss_name, coupled) -> None:
+    snn = StructuredNetwork(net)
+    m = net.output_dim
+    c = sp.Symbol("c")
+    y = sp.Matrix(m, 1, lambda i, _: sp.Dummy(f"y{i}"))
+    term, jax_term, _ = ELEMENTWISE_LOSSES[loss_name]
+    loss = sum(term(snn.output[k], y[k], c, k) for k in range(m))
+    if coupled:  # a term reading every output: no seed entry is one formula any more
+        loss += (sum(snn.output) - sum(y)) ** 2
+    kernel = build_structured_function(snn.parameter_gradient(loss), snn, y, params={"c": c})
+    one_line = ELEMENTWISE_LOSSES[loss_name][2] and not coupled and m > 1
+    assert ("jnp.stack" not in kernel.source) == one_line, kernel.source
+    ps = random_params(net, seed)
+    rng = np.random.default_rng(seed)
+    X, Y = rng.normal(size=(6, net.input_dim)), rng.normal(size=(6, m))
+
+    def jax_loss(p, x, t):
+        h = net.apply(x, p)
+        total = sum(jax_term(h[k], t[k], 0.7, k) for k in range(m))
+        return total + ((jnp.sum(h) - jnp.sum(t)) ** 2 if coupled else 0.0)
+
+    got = kernel(X, Y, {**ps, "c": 0.7})
+    want = jax.vmap(jax.grad(jax_loss), in_axes=(None, 0, 0))(ps, X, Y)
+    for name in ps:
+        for leaf in ("W", "b"):
+            assert_close(got[name][leaf], want[name][leaf])
+
+
+def test_a_squared_loss_seed_is_one_array_line() -> None:
+    snn = StructuredNetwork(Chain(Dense(3, 4, "tanh"), Dense(4, 3, "tanh")))
+    y = sp.Matrix(3, 1, lambda i, _: sp.Symbol(f"y{i}"))
+    kernel = build_structured_function(snn.parameter_gradient(squared_loss(snn, y)), snn, y)
+    assert "    g = -2 * x2 + 2 * h2\n" in kernel.source
+    assert "stack" not in kernel.source
+
+
+def test_uniform_template_accepts_only_one_formula_per_entry() -> None:
+    from symkern.codegen.structured import uniform_template
+
+    h, y = sp.symbols("h:3"), sp.symbols("y:3")
+    c = sp.Symbol("c")
+    assert uniform_template([2 * (h[k] - y[k]) * c for k in range(3)], [h, y]) == 2 * (h[0] - y[0]) * c
+    assert uniform_template([sp.exp(h[k]) for k in range(3)], [h, y]) == sp.exp(h[0])
+    assert uniform_template([(k + 1) * h[k] for k in range(3)], [h, y]) is None   # k-dependent
+    assert uniform_template([h[0] * h[k] for k in range(3)], [h, y]) is None      # reads entry 0
+    assert uniform_template([h[k] + h[(k + 1) % 3] for k in range(3)], [h, y]) is None
+    assert uniform_template([c, c, c], [h, y]) is None                           # no vector
+    assert uniform_template([sp.Max(h[k], y[k]) for k in range(3)], [h, y]) is None
+    assert uniform_template([h[0]], [h[:1]]) is None                              # one entry
