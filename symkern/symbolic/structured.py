@@ -436,6 +436,10 @@ def _scale_rows(d: Any, x: Any) -> Any:
     return x if d is None else Mul(Index(d, (":", None)), x)
 
 
+#: widest layer for which the forward Jacobian is multiplied from the right (see below)
+NARROW_JACOBIAN_WIDTH = 16
+
+
 class NetworkProgram:
     """The array steps of one network application: forward pass and the derivatives asked for.
 
@@ -443,12 +447,13 @@ class NetworkProgram:
     emitted once, the first time it is asked for (memoised), in dependency order:
 
     * forward: `z_l = h_{l-1} @ W_l.T + b_l`, `h_l, d_l, s_l = σ, σ', σ''(z_l)`;
-    * input Jacobian, forward (n ≤ m): tangents `v_l = d_l[..., :, None] * (W_l @ v_{l-1})`,
-      `v_1 = d_1[..., :, None] * W_1`, J = v_L — `diag(σ'(z_L)) W_L … diag(σ'(z_1)) W_1`
-      multiplied from the right, already in the (…, m, n) layout (no transpose of the
-      result: 1.9× the throughput of the transposed form at width 8, docs/benchmarks.md);
-    * the Hessian's tangents `t_l = (t_{l-1} @ W_l.T) * d_l[..., None, :]` (…, n, w_l), the
-      same product transposed, which its `U_l` products want;
+    * input Jacobian, forward (n ≤ m): `diag(σ'(z_L)) W_L … diag(σ'(z_1)) W_1`. With
+      layers at most NARROW_JACOBIAN_WIDTH wide, as `v_l = d_l[..., :, None] * (W_l @ v_{l-1})`,
+      `v_1 = d_1[..., :, None] * W_1`, J = v_L, already (…, m, n); wider, as tangents
+      `t_l = (t_{l-1} @ W_l.T) * d_l[..., None, :]` (…, n, w_l), `t_1 = W_1.T * d_1[..., None, :]`,
+      J = swap(t_L): one GEMM per layer with the batch folded into its rows. Measured
+      (docs/benchmarks.md): at width 8 the first form runs 1.9× the second, at 16 they tie,
+      at 32 and 128 the second is 10–15 % ahead. The Hessian's `U_l` products use `t_l`;
     * input Jacobian, reverse (m < n, e.g. ∇H of a scalar H): adjoints
       `a_{L-1} = d_L[..., :, None] * W_L`, `a_{l-1} = (a_l * d_l[..., None, :]) @ W_l`, J = a_0;
     * input Hessian: `∇²y_k = Σ_l U_lᵀ diag(a_l[k] ⊙ σ''(z_l)) U_l` with U_l = ∂z_l/∂x
@@ -564,7 +569,12 @@ class NetworkProgram:
         """∂y/∂x: (…, m, n), forward if n ≤ m, else reverse (cost min(m, n) passes)."""
         def build() -> Any:
             net = self.network.net
-            value = self.v(self.depth) if net.input_dim <= net.output_dim else self.a(0)
+            if net.input_dim > net.output_dim:
+                value = self.a(0)
+            elif max(layer.n_out for layer in net.layers) <= NARROW_JACOBIAN_WIDTH:
+                value = self.v(self.depth)
+            else:
+                value = SwapLast(self.t(self.depth))
             return value if isinstance(value, Ref) else self._assign("J", value)
         return self._once(("J",), build)
 

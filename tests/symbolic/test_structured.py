@@ -317,3 +317,14 @@ def test_uniform_template_accepts_only_one_formula_per_entry() -> None:
     assert uniform_template([c, c, c], [h, y]) is None                           # no vector
     assert uniform_template([sp.Max(h[k], y[k]) for k in range(3)], [h, y]) is None
     assert uniform_template([h[0]], [h[:1]]) is None                              # one entry
+
+
+@pytest.mark.parametrize("width, transposed", [(5, False), (16, False), (17, True), (40, True)])
+def test_both_forward_jacobian_forms_match_jacfwd(width: int, transposed: bool) -> None:
+    net = Chain(Dense(3, width, "tanh"), Dense(width, 4, "sigmoid"))
+    snn = StructuredNetwork(net)
+    kernel = build_structured_function(snn.output.jacobian(snn.input), snn)
+    assert ("jnp.swapaxes" in kernel.source) == transposed, kernel.source
+    ps = random_params(net, width)
+    X = np.random.default_rng(width).normal(size=(7, 3))
+    assert_close(kernel(X, ps), jax.vmap(jax.jacfwd(lambda x: net.apply(x, ps)))(X))
