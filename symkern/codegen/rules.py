@@ -58,6 +58,15 @@ def _return(function: ast.FunctionDef, rule: str) -> ast.Return:
     return last
 
 
+def _located(statement: ast.stmt) -> ast.stmt:
+    """A new statement with source positions (ast.unparse reads them; compile fixes the rest).
+
+    Rules do not run ast.fix_missing_locations over the whole module (it was a quarter of
+    a 10^4-op build, once per rule); compile_kernel runs it once.
+    """
+    return ast.fix_missing_locations(statement)
+
+
 def _load(name: str) -> ast.Name:
     return ast.Name(name, ast.Load())
 
@@ -113,7 +122,7 @@ def substitute_arguments(
     function.args = ast.arguments(posonlyargs=[], args=new_arguments, kwonlyargs=[],
                                   kw_defaults=[], defaults=[])
     function.name = KERNEL_NAME
-    return ast.fix_missing_locations(module)
+    return module
 
 
 def _balanced(func: ast.expr, items: list[ast.expr]) -> ast.expr:
@@ -146,7 +155,7 @@ def unfold_reductions(module: ast.Module) -> ast.Module:
                 return _balanced(node.args[0], list(node.args[1].elts))
             return node
 
-    return ast.fix_missing_locations(Unfold().visit(module))
+    return Unfold().visit(module)
 
 
 def _local_names(function: ast.FunctionDef) -> set[str]:
@@ -204,7 +213,7 @@ def resolve_callees(module: ast.Module, user_functions: Mapping[str, str]) -> as
             raise _drift(rule, "attributes only as callees", ast.unparse(node))
 
     function.body = [Resolve().visit(statement) for statement in function.body]
-    return ast.fix_missing_locations(module)
+    return module
 
 
 def _integer_exponent(node: ast.expr) -> int | None:
@@ -234,7 +243,7 @@ def use_integer_pow(module: ast.Module) -> ast.Module:
                                     [node.left, ast.Constant(exponent)], [])
             return node
 
-    return ast.fix_missing_locations(IntegerPow().visit(module))
+    return IntegerPow().visit(module)
 
 
 def _constant_indices(index: ast.expr) -> tuple[int, ...] | None:
@@ -281,7 +290,7 @@ def index_by_batch(module: ast.Module, data_ranks: Mapping[str, int]) -> ast.Mod
                              f"the whole array {node.id} used")
             return node
 
-    return ast.fix_missing_locations(Index().visit(module))
+    return Index().visit(module)
 
 
 def _batched_read(node: ast.AST) -> tuple[int, tuple] | None:
@@ -321,9 +330,10 @@ def hoist_data_reads(module: ast.Module) -> ast.Module:
             return node
 
     body = [Hoist().visit(statement) for statement in function.body]
-    function.body = [ast.Assign([ast.Name(names[read], ast.Store())], copy.deepcopy(found[read]))
+    function.body = [_located(ast.Assign([ast.Name(names[read], ast.Store())],
+                                         copy.deepcopy(found[read])))
                      for read in sorted(found)] + body
-    return ast.fix_missing_locations(module)
+    return module
 
 
 def _is_leaf_read(node: ast.expr) -> bool:
@@ -375,13 +385,13 @@ def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
             if not any(_is_leaf_read(n) for c in choices for n in ast.walk(c)):
                 return node
             branch = f"_b{next(counter)}"
-            self.prelude.append(ast.Assign(
+            self.prelude.append(_located(ast.Assign(
                 [ast.Name(branch, ast.Store())],
                 ast.Call(copy.deepcopy(node.func),
                          [ast.List(conditions, ast.Load()),
                           ast.List([ast.Constant(k) for k in range(len(choices))], ast.Load())],
                          [ast.keyword("default", ast.Constant(-1))]),
-            ))
+            )))
             taken = [ast.Compare(_load(branch), [ast.Eq()], [ast.Constant(k)])
                      for k in range(len(choices))]
             gated = [Gate(taken[k]).visit(choice) for k, choice in enumerate(choices)]
@@ -394,7 +404,7 @@ def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
         new_body.extend(guard.prelude)
         new_body.append(statement)
     function.body = new_body
-    return ast.fix_missing_locations(module)
+    return module
 
 
 def _nested_entries(node: ast.expr, shape: Sequence[int], rule: str) -> list[ast.expr]:
@@ -430,7 +440,7 @@ def stack_outputs(module: ast.Module, printed_shapes: Sequence[Sequence[int]]) -
             raise _drift(rule, "array([...]) around an array equation", ast.unparse(value)[:200])
         entries.extend(_nested_entries(value.args[0], shape, rule))
     returned.value = ast.Tuple(entries, ast.Load())
-    return ast.fix_missing_locations(module)
+    return module
 
 
 def _reads_data(node: ast.AST, data_locals: set[str]) -> bool:
@@ -465,7 +475,7 @@ def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) ->
         else ast.Call(target_node("jnp.broadcast_to"), [value, copy.deepcopy(shape)], [])
         for value in returned.value.elts
     ]
-    return ast.fix_missing_locations(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -565,4 +575,4 @@ def hoist_array_literals(
     for name, value in values.items():
         hoisted.append(HoistedLiteral(name, value, tuple(sorted(dependencies[name]))))
     function.args.args = [ast.arg(name) for name in values] + function.args.args
-    return ast.fix_missing_locations(module)
+    return module

@@ -162,8 +162,8 @@ def split_module(module: ast.Module, max_statements: int, *,
     body, results = _normalized_body(function)
     local_names = {_stored(s)[0] for s in body}
     reads = [_loaded(s.value) & local_names for s in body]
-    groups = _groups([(1, operation_count(s.value)) for s in body], max_statements,
-                     max_operations)
+    counts = [operation_count(s.value) for s in body]
+    groups = _groups([(1, count) for count in counts], max_statements, max_operations)
 
     # Backward liveness over the pieces: what a piece must hand on is what any later
     # piece (or the final result) reads; single assignment makes this exact.
@@ -200,7 +200,7 @@ def split_module(module: ast.Module, max_statements: int, *,
                 if len(ins) > 1 else [ast.Name(ins[0], ast.Store())],
                 ast.Name(LIVE_IN, ast.Load()) if len(ins) > 1 else ast.Subscript(
                     ast.Name(LIVE_IN, ast.Load()), ast.Constant(0), ast.Load())))
-        statements.extend(copy.deepcopy(body[i]) for i in group)
+        statements.extend(body[i] for i in group)  # shared with the whole body, never mutated
         statements.append(ast.Return(ast.Tuple([ast.Name(n, ast.Load()) for n in outs],
                                                ast.Load())))
         args = copy.deepcopy(function.args)
@@ -210,7 +210,7 @@ def split_module(module: ast.Module, max_statements: int, *,
         piece.body[0].args = args
         piece.body[0].body = statements
         pieces.append(Piece(ast.fix_missing_locations(piece), ins, outs, len(group),
-                            sum(operation_count(body[i].value) for i in group)))
+                            sum(counts[i] for i in group)))
     return SplitModule(tuple(pieces), arguments, tuple(results))
 
 

@@ -21,6 +21,8 @@ def compile_kernel(module: ast.Module, functions: Mapping[str, Callable] | None,
     it runs in a namespace holding only the kernel namespace and no builtins.
     """
     namespace = kernel_namespace(dict(functions or {}))
+    # the rules leave new nodes without source positions; one pass here, not one per rule
+    ast.fix_missing_locations(module)
     exec(compile(module, filename, "exec"), namespace)  # noqa: S102 - generated tree, no user text
     # popped, so the function's globals do not hold the function itself (no cycle)
     return namespace.pop(KERNEL_NAME)
