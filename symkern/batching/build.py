@@ -21,8 +21,8 @@ from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
-from symkern.kernels.split import SplitProgram, operation_count
-from symkern.kernels.stage import compile_kernel
+from symkern.kernels.split import ExecutableStore, SplitProgram, operation_count
+from symkern.kernels.stage import LazyKernelFunction, compile_kernel
 from symkern.symbolic.arguments import (
     check_unique_symbols,
     data_argument,
@@ -56,9 +56,14 @@ SPLIT_ABOVE_OPERATIONS = 2000
 PIECE_OPERATIONS = 1000
 
 
-def _split_program(generated, functions, data, dtype, const_count) -> SplitProgram | None:
+def _split_program(generated, functions, data, dtype, const_count,
+                   cache_key: str | None = None) -> SplitProgram | None:
     if operation_count(generated.module) <= SPLIT_ABOVE_OPERATIONS:
         return None
+    cache = active_cache()
+    # user functions are keyed by name only: their compiled bodies are not stored
+    store = (ExecutableStore(cache.directory / "executables", cache_key)
+             if cache is not None and cache_key is not None and not functions else None)
     rank = len(data[0].shape) if data else 0
 
     def finish(entries: tuple, arguments: tuple) -> tuple:
@@ -71,16 +76,19 @@ def _split_program(generated, functions, data, dtype, const_count) -> SplitProgr
         return tuple(jnp.broadcast_to(jnp.asarray(e, dtype), batch) for e in entries)
 
     return SplitProgram.from_module(generated.module, 10**9, max_operations=PIECE_OPERATIONS,
-                                    functions=functions, finish=finish, workers=2)
+                                    functions=functions, finish=finish, workers=2, store=store)
 
 
 def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype,
                      stopwatch):
-    """Stages 1 and 2, through the on-disk cache when `symkern.enable_cache` is on."""
+    """Stages 1 and 2, through the on-disk cache when `symkern.enable_cache` is on.
+
+    Returns the generated code and its cache key (None without the cache).
+    """
     cache = active_cache()
     if cache is None:
         return generate(equations, arguments, data_count, cse=cse, functions=functions,
-                        embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
+                        embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch), None
     start = time.perf_counter()
     options = {"cse": cse, "functions": sorted(functions or {}), "embed_max_bytes": embed_max_bytes,
                "dtype": np.dtype(dtype).name, "data_count": data_count}
@@ -88,11 +96,11 @@ def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_
     cached = cache.get(key)
     if cached is not None:
         stopwatch.timings["cache_load"] = time.perf_counter() - start
-        return cached
+        return cached, key
     generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
                          embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
     cache.put(key, generated)
-    return generated
+    return generated, key
 
 
 def build_function(
@@ -136,9 +144,9 @@ def build_function(
     parameters, treedef = parameter_arguments(params)
     check_unique_symbols(data + parameters)
     equations = equation_set(eqs)
-    generated = _generate_cached(equations, data + parameters, len(data), cse=cse,
-                                 functions=functions, embed_max_bytes=embed_max_bytes,
-                                 dtype=resolved_dtype, stopwatch=stopwatch)
+    generated, cache_key = _generate_cached(equations, data + parameters, len(data), cse=cse,
+                                            functions=functions, embed_max_bytes=embed_max_bytes,
+                                            dtype=resolved_dtype, stopwatch=stopwatch)
     namespace_functions: dict[str, Callable] = {}
     captured = []
     if functions:
@@ -161,9 +169,12 @@ def build_function(
     ]
     warn_if_large(const_args)
     with stopwatch.stage("python_compile"):
-        function = compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
         split = _split_program(generated, namespace_functions, data, resolved_dtype,
-                               len(const_args))
+                               len(const_args), cache_key)
+        # a split kernel's whole body serves traced calls only: compiled when one comes
+        function = (compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
+                    if split is None else
+                    LazyKernelFunction(generated.module, namespace_functions, "<symkern kernel>"))
     timings = dict(stopwatch.timings)
     timings["build"] = time.perf_counter() - start
     stopwatch.close()

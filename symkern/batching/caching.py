@@ -24,7 +24,9 @@ def enable_cache(directory: str | os.PathLike | None = None) -> Path:
 
     A second process that builds the same equations with the same arguments, options and
     library versions skips emit, CSE and rewrite (symkern's cache, `<dir>/codegen`) and
-    XLA's compile (JAX's persistent compilation cache, `<dir>/xla`). The directory defaults
+    XLA's compile (JAX's persistent compilation cache, `<dir>/xla`); a kernel compiled as
+    pieces loads the compiled pieces themselves (`<dir>/executables`), skipping tracing
+    and lowering too. The directory defaults
     to `$SYMKERN_CACHE_DIR`, else `~/.cache/symkern`. The cache holds code that is run:
     point it only at a directory you trust, as with JAX's own cache.
 

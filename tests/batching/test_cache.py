@@ -51,3 +51,47 @@ def test_a_corrupted_cache_entry_is_refused(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failure:
         run(tmp_path)
     assert "codegen cache: expected one kernel function definition" in failure.value.stderr
+
+
+# ---- compiled pieces of split kernels --------------------------------------------------------
+
+SPLIT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np, sympy as sp, symkern as sk
+    jax.config.update("jax_enable_x64", True)
+    sk.enable_cache(sys.argv[1])
+    xs = sp.symbols("x0:6"); a = sp.Symbol("a")
+    # > 2,000 operations: compiled as pieces (symkern.batching.build.SPLIT_ABOVE_OPERATIONS)
+    eqs = sp.Matrix([sp.Add(*[sp.sin(xs[i % 6] * (i + 1 + k)) * a * xs[(i + k) % 6]
+                              for i in range(300)]) for k in range(2)])
+    kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64")
+    X = np.linspace(-1, 1, 18).reshape(3, 6)
+    out = np.asarray(kernel(X, {"a": 1.5}))
+    want = np.array([[sum(np.sin(X[n, i % 6] * (i + 1 + k)) * 1.5 * X[n, (i + k) % 6]
+                          for i in range(300)) for k in range(2)] for n in range(3)])
+    # a traced call compiles the whole body's Python function then (lazily)
+    traced = np.asarray(jax.jit(lambda X: kernel(X, {"a": 1.5}))(X))
+    print(json.dumps({"timings": kernel.timings, "pieces": len(kernel._pieces.split.pieces),
+                      "error": float(max(np.max(np.abs(out - want)),
+                                         np.max(np.abs(traced - want))))}))
+""")
+
+
+def run_split(directory):
+    done = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT, str(directory)], capture_output=True,
+                          text=True, timeout=600, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_compiled_pieces_and_neither_traces_nor_lowers(tmp_path):
+    first = run_split(tmp_path)
+    assert first["pieces"] > 1 and first["error"] < 1e-10
+    assert "xla_compile" in first["timings"] and "executable_load" not in first["timings"]
+    (stored,) = list((tmp_path / "executables").glob("*/*.pkl"))
+    second = run_split(tmp_path)
+    assert "executable_load" in second["timings"] and "trace_and_lower" not in second["timings"]
+    assert second["error"] < 1e-10
+    # an unreadable entry is a cache miss: compiled again, same values
+    stored.write_bytes(b"not a pickle")
+    third = run_split(tmp_path)
+    assert "xla_compile" in third["timings"] and third["error"] < 1e-10
