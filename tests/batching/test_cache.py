@@ -25,9 +25,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(directory):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(directory)], capture_output=True,
-                          text=True, timeout=300, check=True)
+def run(directory, script=SCRIPT):
+    done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True,
+                          text=True, timeout=600, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -78,9 +78,7 @@ SPLIT_SCRIPT = textwrap.dedent("""
 
 
 def run_split(directory):
-    done = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT, str(directory)], capture_output=True,
-                          text=True, timeout=600, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run(directory, SPLIT_SCRIPT)
 
 
 def test_a_second_process_loads_the_compiled_pieces_and_neither_traces_nor_lowers(tmp_path):
