@@ -19,6 +19,7 @@ import copy
 import hashlib
 import os
 import pickle
+import platform
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -341,6 +342,21 @@ class SplitProgram:
         return self._run(self.compile(*arguments), arguments)
 
 
+def _machine() -> str:
+    """What a CPU executable was compiled for: the device and, on CPU, the processor's
+    model and feature flags (XLA targets the host; code for another ISA must not load)."""
+    device = jax.devices()[0]
+    described = f"{device.platform}:{device.device_kind}:{platform.machine()}"
+    if device.platform == "cpu":
+        try:
+            with open("/proc/cpuinfo") as handle:
+                lines = [line for line in handle if line.startswith(("model name", "flags"))]
+            described += "".join(sorted(set(lines)))
+        except OSError:
+            described += platform.processor()
+    return described
+
+
 class ExecutableStore:
     """A split program's compiled pieces on disk, for a second process.
 
@@ -348,8 +364,9 @@ class ExecutableStore:
     for its key: at 10^5 operations those still took 5.6 s of a cached 10 s build. Here the
     executables themselves are serialized (`jax.experimental.serialize_executable`) under a
     key of the generated code (`key`, from the code-generation cache), the argument shapes
-    and dtypes, the JAX version, backend and x64 setting. Loading unpickles what was written:
-    like JAX's own cache, the directory must be trusted (docs/scaling.md).
+    and dtypes, the JAX version, backend, x64 setting and the machine (CPU model and flags).
+    Loading unpickles what was written: like JAX's own cache, the directory must be trusted
+    (docs/guide.md).
     """
 
     def __init__(self, directory: str | os.PathLike, key: str) -> None:
@@ -359,7 +376,7 @@ class ExecutableStore:
     def _path(self, specs: Any) -> Path:
         leaves, treedef = jax.tree_util.tree_flatten(specs)
         described = [str(treedef), jax.__version__, jax.default_backend(),
-                     str(jax.config.jax_enable_x64), self.key]
+                     str(jax.config.jax_enable_x64), self.key, _machine()]
         described += [f"{leaf.shape}:{leaf.dtype}:{leaf.weak_type}" for leaf in leaves]
         digest = hashlib.sha256("\n".join(described).encode()).hexdigest()
         return self.directory / digest[:2] / f"{digest}.pkl"
