@@ -55,6 +55,12 @@ def variants(kernel, prepared):
     return calls
 
 
+def columns(out) -> np.ndarray:
+    """Every leaf of a result as columns of one (batch, entries) array."""
+    return np.concatenate([np.asarray(leaf).reshape(BATCH, -1)
+                           for leaf in jax.tree_util.tree_leaves(out)], axis=1)
+
+
 def main(names: list[str]) -> None:
     for name in names:
         wl = workloads.build(name)
@@ -65,10 +71,10 @@ def main(names: list[str]) -> None:
         ps = tool.params(wl.param_values)
         prepared = kernel._prepare((X, ps))
         calls = {"current": lambda k=kernel, x=X, p=ps: k(x, p), **variants(kernel, prepared)}
-        reference = np.asarray(kernel(X, ps)).reshape(BATCH, -1)
+        reference = columns(kernel(X, ps))
         for label, call in calls.items():
             if label != "entries-only":
-                got = np.asarray(call()).reshape(BATCH, -1)
+                got = columns(call())
                 np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5, err_msg=label)
         times: dict[str, list[float]] = {label: [] for label in calls}
         for _ in range(7):

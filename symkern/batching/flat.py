@@ -13,7 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from symkern.batching.kernel import FUSED_UP_TO, Kernel, _weak_method, check_dtype_policy
+from symkern.batching.kernel import (
+    FUSED_UP_TO,
+    PROBE_FROM,
+    Kernel,
+    _weak_method,
+    check_dtype_policy,
+)
 from symkern.errors import ArgumentError
 
 
@@ -79,7 +85,10 @@ class FlatKernel:
                 # the checked path below raises the same error without JAX's traceback note
         data, theta = self._check(args)
         batch = math.prod(kernel._batch_shape_of(data))
-        if batch <= FUSED_UP_TO or not kernel._needs_assembly:
+        # the kernel's measured choice once it has one (Kernel._probe), else its default
+        fused = (kernel.assembly == "fused" if kernel.assembly and batch >= PROBE_FROM
+                 else batch <= FUSED_UP_TO)
+        if fused or not kernel._needs_assembly:
             result = self._direct(kernel._const_values, data + (theta,))
             if data and not any(isinstance(a, jax.core.Tracer) for a in data):
                 self._direct_shapes.add(tuple(data[0].shape))

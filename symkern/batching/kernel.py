@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 #: batches up to this many samples run as one executable (entries stacked inside it)
 FUSED_UP_TO = 1024
+#: from this many samples a kernel whose outputs need assembling times one executable
+#: against two (entries, then assembly) once, and keeps the faster (Kernel._probe)
+PROBE_FROM = 64
+PROBE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -138,9 +143,12 @@ class Kernel:
         self._direct_shapes: set[tuple[int, ...]] = set()
         self._direct_signatures: set[tuple] = set()
         self._needs_assembly = any(self.equations.shapes)
+        #: how batches of PROBE_FROM samples or more are assembled: "fused" (one
+        #: executable), "separate" (entries, then assembly), None until first measured
+        self.assembly: str | None = None
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: _probe compiles under it
         self._compilations = 0
 
     # ---- what each stage produced -------------------------------------------------------
@@ -360,26 +368,69 @@ class Kernel:
         if self._pieces is not None:
             return self._execute_split(prepared, batch_shape)
         size = math.prod(batch_shape)
-        if size <= FUSED_UP_TO or not self._needs_assembly:
-            # one executable: for small batches one dispatch beats an unfused stack
-            const_values, data, parameter_leaves = prepared
-            if raw is not None and _jit_takes(raw):
-                # the call's own arguments, so that repeating it takes the direct path
-                # with the signature compiled here (a Python float stays weakly typed)
-                self._note_compilation(self._direct, ("fused", batch_shape, "raw"),
-                                       (const_values, raw), counted=False)
-                result = self._direct(const_values, raw)
+        if not self._needs_assembly or size < PROBE_FROM:
+            # one executable: for small batches one dispatch beats two
+            return self._execute_fused(prepared, batch_shape, raw)
+        if self.assembly is None:
+            with self._lock:
+                if self.assembly is None:
+                    return self._probe(prepared, batch_shape, raw)
+        if self.assembly == "fused":
+            return self._execute_fused(prepared, batch_shape, raw)
+        return self._execute_separate(prepared, batch_shape)
+
+    def _execute_fused(self, prepared: tuple, batch_shape: tuple[int, ...],
+                       raw: tuple | None, register: bool = True) -> Any:
+        """Entries and their assembly in one executable (the direct path's function)."""
+        const_values, data, parameter_leaves = prepared
+        if raw is not None and _jit_takes(raw):
+            # the call's own arguments, so that repeating it takes the direct path
+            # with the signature compiled here (a Python float stays weakly typed)
+            self._note_compilation(self._direct, ("fused", batch_shape, "raw"),
+                                   (const_values, raw), counted=False)
+            result = self._direct(const_values, raw)
+            if register:
                 self._direct_shapes.add(tuple(data[0].shape))
-                return result
-            args = data
-            if self.signature.has_parameters:
-                args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
-                                                      parameter_leaves),)
-            self._note_compilation(self._direct, ("fused", batch_shape), (const_values, args),
-                                   counted=False)
-            return self._direct(const_values, args)
+            return result
+        args = data
+        if self.signature.has_parameters:
+            args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                  parameter_leaves),)
+        self._note_compilation(self._direct, ("fused", batch_shape), (const_values, args),
+                               counted=False)
+        return self._direct(const_values, args)
+
+    def _execute_separate(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
+        """The entries' executable, then the assembly executable."""
         self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
         return self._assemble_jitted(self._compute_jitted(*prepared))
+
+    def _probe(self, prepared: tuple, batch_shape: tuple[int, ...], raw: tuple | None) -> Any:
+        """Time both assemblies on the first batch of PROBE_FROM samples or more; keep the
+        faster for every such batch (`kernel.assembly`).
+
+        Neither wins everywhere, and nothing static predicts which (docs/benchmarks.md):
+        at batch 1,024 one executable ran a 3-6-6-3 network's output 5.6× slower (XLA
+        copies shared producers into the stack's fusion) and a 72-entry mass matrix 1.4×
+        faster. Costs one more compile and a few runs, once per kernel.
+        """
+        start = time.perf_counter()
+        runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),
+                "separate": lambda: self._execute_separate(prepared, batch_shape)}
+        best = {name: float("inf") for name in runs}
+        result = None
+        for run in runs.values():  # compile and warm up
+            result = jax.block_until_ready(run())
+        for _ in range(PROBE_ROUNDS):
+            for name, run in runs.items():
+                began = time.perf_counter()
+                result = jax.block_until_ready(run())
+                best[name] = min(best[name], time.perf_counter() - began)
+        self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
+        if self.assembly == "fused" and raw is not None and _jit_takes(raw):
+            self._direct_shapes.add(tuple(prepared[1][0].shape))
+        self.timings["assembly_probe"] = time.perf_counter() - start
+        return result
 
     def _run(self, prepared: tuple, raw: tuple | None = None) -> Any:
         """Run checked arguments; `raw`, the call's own arguments, if they were unpadded."""

@@ -33,9 +33,11 @@ def compile_events():
     return events
 
 
-def test_a_sweep_of_batch_sizes_compiles_once_per_bucket(compile_events):
+@pytest.mark.parametrize("assembly, executables", [("fused", 1), ("separate", 2)])
+def test_a_sweep_of_batch_sizes_compiles_once_per_bucket(compile_events, assembly, executables):
     kernel = sk.build_function(sp.Matrix([sp.sin(x0) * a, x1 * x0]), [x0, x1], params={"a": a},
                                dtype="float64")
+    kernel.assembly = assembly  # as if measured (Kernel._probe): the counts are exact then
     rng = np.random.default_rng(0)
     kernel(rng.normal(size=(1000, 2)), {"a": 2.0})
     for n in range(1001, 1101):
@@ -49,8 +51,8 @@ def test_a_sweep_of_batch_sizes_compiles_once_per_bucket(compile_events):
     assert kernel.compilations == EXACT_SHAPES + 2
     kernel_events = [name for name in compile_events if name in (
         "jit(_evaluate_arguments)", "jit(_compute)", "jit(_assemble)")]
-    # one fused executable per exact size ≤ 1024 and for bucket 1024; two for bucket 1152
-    assert len(kernel_events) == EXACT_SHAPES + 1 + 2
+    # per exact size and bucket: one executable fused, two (entries, assembly) separate
+    assert len(kernel_events) == (EXACT_SHAPES + 2) * executables
 
 
 def test_multi_dimensional_batches_are_padded_and_reshaped():

@@ -1,0 +1,99 @@
+"""How outputs are assembled above PROBE_FROM samples: measured once per kernel, same values.
+
+Which of one executable (entries stacked inside) or two (entries, then assembly) is faster
+depends on the kernel (docs/benchmarks.md), so `Kernel._probe` times both on the first
+batch of PROBE_FROM samples or more. These tests hold what must not depend on the timing:
+the values, that the probe runs once, and that each choice computes the same thing.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import sympy as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import symkern as sk
+from symkern.batching.kernel import PROBE_FROM
+
+x0, x1, a = sp.symbols("x0 x1 a")
+EQS = {"v": sp.Matrix([sp.sin(x0) * a + x1, sp.tanh(x0 * x1), x1**2]), "s": sp.cos(x0) * a}
+
+
+def build():
+    return sk.build_function(EQS, [x0, x1], params={"a": a}, dtype="float64")
+
+
+def reference(X, value):
+    return {"v": np.stack([np.sin(X[..., 0]) * value + X[..., 1], np.tanh(X[..., 0] * X[..., 1]),
+                           X[..., 1] ** 2], axis=-1),
+            "s": np.cos(X[..., 0]) * value}
+
+
+def assert_reference(out, X, value):
+    want = reference(X, value)
+    for key in want:
+        np.testing.assert_allclose(out[key], want[key], rtol=1e-13, atol=1e-13)
+
+
+def test_small_batches_do_not_probe():
+    kernel = build()
+    X = np.random.default_rng(0).normal(size=(PROBE_FROM - 1, 2))
+    assert_reference(kernel(X, {"a": 2.0}), X, 2.0)
+    assert kernel.assembly is None and "assembly_probe" not in kernel.timings
+
+
+def test_the_probe_runs_once_and_keeps_one_choice():
+    kernel = build()
+    rng = np.random.default_rng(1)
+    for n in (PROBE_FROM, 300, 2000, PROBE_FROM):
+        X = rng.normal(size=(n, 2))
+        assert_reference(kernel(X, {"a": 0.5}), X, 0.5)
+        assert kernel.assembly in ("fused", "separate")
+    probed = kernel.timings["assembly_probe"]
+    kernel(rng.normal(size=(700, 2)), {"a": 0.5})
+    assert kernel.timings["assembly_probe"] == probed
+
+
+def test_threads_racing_the_first_large_call_probe_once():
+    kernel = build()
+    X = np.random.default_rng(2).normal(size=(256, 2))
+    results, barrier = [None] * 4, threading.Barrier(4)
+
+    def task(k):
+        barrier.wait()
+        results[k] = kernel(X, {"a": float(k)})
+
+    threads = [threading.Thread(target=task, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for k, out in enumerate(results):
+        assert_reference(out, X, float(k))
+    assert kernel.assembly in ("fused", "separate")
+
+
+# one kernel per choice, set as if measured, shared by the examples
+KERNELS = {choice: build() for choice in ("fused", "separate")}
+for _choice, _kernel in KERNELS.items():
+    _kernel.assembly = _choice
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(PROBE_FROM, 3000), choice=st.sampled_from(["fused", "separate"]),
+       value=st.floats(-3, 3))
+def test_either_choice_computes_the_same_values(n, choice, value):
+    kernel = KERNELS[choice]
+    X = np.random.default_rng(n).normal(size=(n, 2))
+    assert_reference(kernel(X, {"a": value}), X, value)
+
+
+@pytest.mark.parametrize("choice", ["fused", "separate"])
+def test_the_flat_form_follows_the_choice(choice):
+    kernel = build()
+    kernel.assembly = choice
+    X = np.random.default_rng(3).normal(size=(500, 2))
+    flat = kernel.flat()
+    assert_reference(flat(X, kernel.flatten({"a": 1.25})), X, 1.25)
