@@ -75,14 +75,13 @@ class FlatKernel:
         return kernel.check_data(data), theta
 
     def __call__(self, *args: Any) -> Any:
+        try:  # the direct path; a wrong argument count fails its trace-time check
+            if args[0].shape in self._direct_shapes:
+                return self._direct(self.kernel._const_values, args)
+        except (IndexError, AttributeError, TypeError, ArgumentError):
+            pass  # jit cannot take an argument, or a check failed at trace time: the
+            # checked path below raises the same error without JAX's traceback note
         kernel = self.kernel
-        if len(args) == self._n_arguments and len(args) > 1:
-            try:
-                if getattr(args[0], "shape", None) in self._direct_shapes:
-                    return self._direct(kernel._const_values, args)
-            except (TypeError, ArgumentError):
-                pass  # jit cannot take an argument, or a check failed at trace time:
-                # the checked path below raises the same error without JAX's traceback note
         data, theta = self._check(args)
         batch = math.prod(kernel._batch_shape_of(data))
         # the kernel's measured choice once it has one (Kernel._probe), else its default
