@@ -15,9 +15,11 @@ import numpy as np
 
 from symkern.batching.kernel import (
     FUSED_UP_TO,
+    NOT_TAKEN,
     PROBE_FROM,
     Kernel,
     _weak_method,
+    call_direct,
     check_dtype_policy,
 )
 from symkern.errors import ArgumentError
@@ -75,13 +77,10 @@ class FlatKernel:
         return kernel.check_data(data), theta
 
     def __call__(self, *args: Any) -> Any:
-        try:  # the direct path; a wrong argument count fails its trace-time check
-            if args[0].shape in self._direct_shapes:
-                return self._direct(self.kernel._const_values, args)
-        except (IndexError, AttributeError, TypeError, ArgumentError):
-            pass  # jit cannot take an argument, or a check failed at trace time: the
-            # checked path below raises the same error without JAX's traceback note
         kernel = self.kernel
+        result = call_direct(self._direct, self._direct_shapes, kernel._const_values, args)
+        if result is not NOT_TAKEN:
+            return result
         data, theta = self._check(args)
         batch = math.prod(kernel._batch_shape_of(data))
         # the kernel's measured choice once it has one (Kernel._probe), else its default

@@ -79,6 +79,27 @@ def _jit_takes(args: tuple) -> bool:
     return True
 
 
+#: what `call_direct` returns when the direct path was not taken
+NOT_TAKEN = object()
+
+
+def call_direct(direct: Callable[..., Any], shapes: set, const_values: tuple,
+                args: tuple) -> Any:
+    """`direct(const_values, args)` if `args[0]`'s shape has run fused before, else NOT_TAKEN.
+
+    The direct path of Kernel, BoundKernel and FlatKernel: the call's arguments go to one
+    jit unchanged and its checks run at trace time. A wrong argument count or a failing
+    check raises there; jit cannot take some arguments. Either way the path is not taken
+    and the caller's checked path raises the same error without JAX's traceback note.
+    """
+    try:
+        if args[0].shape in shapes:
+            return direct(const_values, args)
+    except (IndexError, AttributeError, TypeError, ArgumentError):
+        pass
+    return NOT_TAKEN
+
+
 def check_dtype_policy(dtype: np.dtype) -> None:
     """A float64 kernel needs jax_enable_x64 now as when it was built."""
     if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
@@ -459,12 +480,9 @@ class Kernel:
             result)
 
     def __call__(self, *args: Any) -> Any:
-        try:  # the direct path; a wrong argument count fails its trace-time check
-            if args[0].shape in self._direct_shapes:
-                return self._direct(self._const_values, args)
-        except (IndexError, AttributeError, TypeError, ArgumentError):
-            pass  # jit cannot take an argument, or a check failed at trace time: the
-            # checked path below raises the same error without JAX's traceback note
+        result = call_direct(self._direct, self._direct_shapes, self._const_values, args)
+        if result is not NOT_TAKEN:
+            return result
         return self._run(self._prepare(args), args)
 
     def jaxpr(self, *args: Any) -> Any:
@@ -555,12 +573,10 @@ class BoundKernel:
     def __call__(self, *data: Any) -> Any:
         kernel = self.kernel
         if data:
-            try:
-                if getattr(data[0], "shape", None) in kernel._direct_shapes:
-                    return kernel._direct(kernel._const_values, data + self._tail)
-            except (TypeError, ArgumentError):
-                pass  # jit cannot take an argument, or a check failed at trace time:
-                # the checked path below raises the same error without JAX's traceback note
+            result = call_direct(kernel._direct, kernel._direct_shapes, kernel._const_values,
+                                 data + self._tail)
+            if result is not NOT_TAKEN:
+                return result
         check_dtype_policy(kernel.dtype)
         if len(data) != len(kernel.signature.data):
             raise ArgumentError(f"bound kernel: expected {len(kernel.signature.data)} data "
