@@ -16,7 +16,6 @@ import numpy as np
 from symkern.batching.kernel import (
     FUSED_UP_TO,
     NOT_TAKEN,
-    PROBE_FROM,
     Kernel,
     _weak_method,
     call_direct,
@@ -83,10 +82,10 @@ class FlatKernel:
             return result
         data, theta = self._check(args)
         batch = math.prod(kernel._batch_shape_of(data))
-        # the kernel's measured choice once it has one (Kernel._probe), else its default
-        fused = (kernel.assembly == "fused" if kernel.assembly and batch >= PROBE_FROM
-                 else batch <= FUSED_UP_TO)
-        if fused or not kernel._needs_assembly:
+        fused = kernel._runs_fused(batch)
+        if fused is None:  # the kernel has not measured yet (Kernel._probe): its default
+            fused = batch <= FUSED_UP_TO
+        if fused:
             result = self._direct(kernel._const_values, data + (theta,))
             if data and not any(isinstance(a, jax.core.Tracer) for a in data):
                 self._direct_shapes.add(tuple(data[0].shape))

@@ -388,17 +388,25 @@ class Kernel:
                  raw: tuple | None = None) -> Any:
         if self._pieces is not None:
             return self._execute_split(prepared, batch_shape)
-        size = math.prod(batch_shape)
-        if not self._needs_assembly or size < PROBE_FROM:
-            # one executable: for small batches one dispatch beats two
-            return self._execute_fused(prepared, batch_shape, raw)
-        if self.assembly is None:
+        fused = self._runs_fused(math.prod(batch_shape))
+        if fused is None:
             with self._lock:
                 if self.assembly is None:
                     return self._probe(prepared, batch_shape, raw)
-        if self.assembly == "fused":
+            fused = self.assembly == "fused"
+        if fused:
             return self._execute_fused(prepared, batch_shape, raw)
         return self._execute_separate(prepared, batch_shape)
+
+    def _runs_fused(self, size: int) -> bool | None:
+        """Whether a batch of `size` samples runs as one executable; None: not measured yet.
+
+        One executable when nothing needs assembling, and below PROBE_FROM samples (one
+        dispatch beats two); above, what `_probe` measured (`self.assembly`).
+        """
+        if not self._needs_assembly or size < PROBE_FROM:
+            return True
+        return None if self.assembly is None else self.assembly == "fused"
 
     def _execute_fused(self, prepared: tuple, batch_shape: tuple[int, ...],
                        raw: tuple | None, register: bool = True) -> Any:
