@@ -21,7 +21,7 @@ from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
-from symkern.kernels.split import ExecutableStore, SplitProgram, operation_count
+from symkern.kernels.split import ExecutableStore, SplitProgram, exceeds_operations
 from symkern.kernels.stage import LazyKernelFunction, compile_kernel
 from symkern.symbolic.arguments import (
     check_unique_symbols,
@@ -58,7 +58,7 @@ PIECE_OPERATIONS = 1000
 
 def _split_program(generated, functions, data, dtype, const_count,
                    cache_key: str | None = None) -> SplitProgram | None:
-    if operation_count(generated.module) <= SPLIT_ABOVE_OPERATIONS:
+    if not exceeds_operations(generated.module, SPLIT_ABOVE_OPERATIONS):
         return None
     cache = active_cache()
     # user functions are keyed by name only: their compiled bodies are not stored

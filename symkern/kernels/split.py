@@ -64,6 +64,18 @@ def operation_count(node: ast.AST) -> int:
     return _count_and_reads(node)[0]
 
 
+def exceeds_operations(node: ast.AST, limit: int) -> bool:
+    """Whether `node` holds more than `limit` operations; stops counting once it does
+    (deciding to split a 10^5-op body took a whole walk before split_module's own)."""
+    count = 0
+    for current in ast.walk(node):
+        if isinstance(current, _OPERATIONS):
+            count += 1
+            if count > limit:
+                return True
+    return False
+
+
 def _count_and_reads(node: ast.AST) -> tuple[int, set[str]]:
     """`operation_count(node)` and the names it loads, in one walk (a 10^5-op body has
     600k nodes: each separate walk cost ~0.5 s)."""

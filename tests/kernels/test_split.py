@@ -181,3 +181,11 @@ def test_build_function_compiles_a_large_body_as_pieces():
 
     grad = jax.grad(lambda p: kernel(X, p).sum())({"a": 1.5})
     np.testing.assert_allclose(grad["a"], np.sum(np.stack(reference, -1)) / 1.5, rtol=1e-10)
+
+
+@pytest.mark.parametrize("limit", [0, 3, 4, 10])
+def test_exceeds_operations_agrees_with_the_count(limit):
+    from symkern.kernels.split import exceeds_operations
+
+    tree = ast.parse("a * jnp.sin(b) + -c")  # four operations
+    assert exceeds_operations(tree, limit) == (operation_count(tree) > limit)
