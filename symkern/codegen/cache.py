@@ -11,9 +11,9 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import sympy as sp
@@ -107,6 +107,15 @@ def verify_kernel_module(module: ast.Module) -> None:
             raise CodegenDriftError("codegen cache: unexpected definition or import")
 
 
+def write_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """`write(handle)` into a temporary file beside `path`, then rename it to `path`:
+    a concurrent reader sees the old file or the whole new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=path.suffix, delete=False) as handle:
+        write(handle)
+    os.replace(handle.name, path)
+
+
 class CodegenCache:
     """Generated code on disk, one folder per key: meta.json, literals.npz."""
 
@@ -143,12 +152,8 @@ class CodegenCache:
             "literals": [{"name": h.name, "used_by": list(h.used_by)} for h in generated.literals],
         }
         with _lock:
-            folder.mkdir(parents=True, exist_ok=True)
             if generated.literals:
-                with tempfile.NamedTemporaryFile(dir=folder, suffix=".npz", delete=False) as handle:
-                    np.savez(handle, **{h.name: h.value for h in generated.literals})
-                os.replace(handle.name, folder / "literals.npz")
-            # write then rename, so a concurrent reader never sees half a file
-            with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as handle:
-                json.dump(meta, handle)
-            os.replace(handle.name, folder / "meta.json")
+                write_atomically(folder / "literals.npz", lambda handle: np.savez(
+                    handle, **{h.name: h.value for h in generated.literals}))
+            write_atomically(folder / "meta.json",
+                             lambda handle: handle.write(json.dumps(meta).encode()))

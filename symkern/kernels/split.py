@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import hashlib
 import os
 import pickle
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 
+from symkern.codegen.cache import write_atomically
 from symkern.codegen.rules import KERNEL_NAME
 from symkern.errors import CodegenDriftError
 from symkern.kernels.stage import LazyKernelFunction
@@ -354,6 +355,7 @@ class SplitProgram:
         return self._run(self.compile(*arguments), arguments)
 
 
+@functools.cache
 def _machine() -> str:
     """What a CPU executable was compiled for: the device and, on CPU, the processor's
     model and feature flags (XLA targets the host; code for another ISA must not load)."""
@@ -411,11 +413,6 @@ class ExecutableStore:
 
         try:
             stored = [serialize(executable) for executable in compiled]
-            path = self._path(specs)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # write then rename: a concurrent reader never sees half a file
-            with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".pkl", delete=False) as handle:
-                pickle.dump(stored, handle)
-            os.replace(handle.name, path)
+            write_atomically(self._path(specs), lambda handle: pickle.dump(stored, handle))
         except Exception:  # noqa: BLE001 - not storing is never an error for the build
             return
