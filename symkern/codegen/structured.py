@@ -470,14 +470,14 @@ def _stack(entries: Sequence[ast.expr]) -> ast.expr:
 
 def _uniform_seed(seed: list[sp.Expr], a: int, plan: StructuredPlan,
                   data: Sequence[ArgumentSpec], quantities: Mapping[tuple[int, Any], ast.expr],
-                  scalar_parameters: Sequence[ArgumentSpec], tag: str, const_offset: int,
-                  body: list[ast.stmt], literals: list[rules.HoistedLiteral],
-                  upstream: list[str], options: Mapping[str, Any]) -> ast.expr | None:
-    """The seed `∂loss/∂y` as one array expression when `uniform_template` finds one.
+                  scalar_parameters: Sequence[ArgumentSpec],
+                  ) -> tuple[sp.Expr, list[tuple[ArgumentSpec, ast.expr]]] | None:
+    """The seed `∂loss/∂y` as one formula over whole vectors, when `uniform_template` finds one.
 
-    The template's vector symbols become rank-0 placeholders that read the whole vectors
-    (the network output, a data vector of the same length), so the scalar pipeline prints
-    one elementwise formula over batch-leading arrays. Appends its statements to `body`.
+    Returns the formula and its placeholders for `scalar_block`: the template's vector
+    symbols become rank-0 placeholders that read the whole vectors (the network output, a
+    data vector of the same length), so the scalar pipeline prints one elementwise formula
+    over batch-leading arrays.
     """
     output = plan.needs[a].placeholders.get("output")
     vectors: list[tuple[list[sp.Symbol], ast.expr]] = []
@@ -501,12 +501,7 @@ def _uniform_seed(seed: list[sp.Expr], a: int, plan: StructuredPlan,
             whole = sp.Dummy(f"whole{k}")
             template = template.xreplace({entries[0]: whole})
             extra.append((ArgumentSpec("placeholder", (), (whole,)), copy.deepcopy(value)))
-    block = scalar_block([template], data, extra, scalar_parameters, tag, const_offset,
-                         **options)
-    body += block.statements
-    literals += block.literals
-    upstream.append(block.upstream)
-    return block.entries[0]
+    return template, extra
 
 
 # ---- the whole kernel ---------------------------------------------------------------------------
@@ -568,6 +563,16 @@ def generate_structured(
     scalar_parameters = [spec for spec in parameters if spec.entries]
     options = {"cse": cse, "embed_max_bytes": embed_max_bytes, "dtype": dtype}
 
+    def splice(entries: Sequence[sp.Expr], extra: Sequence[tuple[ArgumentSpec, ast.expr]],
+               tag: str) -> list[ast.expr]:
+        """Print `entries` as a scalar block into the body; the expressions of its entries."""
+        block = scalar_block(entries, data, extra, scalar_parameters, tag, len(literals),
+                             **options)
+        body.extend(block.statements)
+        literals.extend(block.literals)
+        upstream.append(block.upstream)
+        return block.entries
+
     programs: list[NetworkProgram] = []
     for a, (application, needs) in enumerate(zip(plan.applications, plan.needs, strict=True)):
         suffix = "" if a == 0 else f"_{a + 1}"
@@ -575,12 +580,8 @@ def generate_structured(
         if position is not None:
             source: Any = Ref(f"x{position + 1}")
         else:  # the network reads expressions of the data: print them, stack them
-            block = scalar_block(application.inputs, data, [], scalar_parameters, f"v{a + 1}",
-                                 len(literals), **options)
-            body += block.statements
-            body.append(ast.Assign([_store(f"v{suffix}")], _stack(block.entries)))
-            literals += block.literals
-            upstream.append(block.upstream)
+            inputs = splice(application.inputs, [], f"v{a + 1}")
+            body.append(ast.Assign([_store(f"v{suffix}")], _stack(inputs)))
             source = Ref(f"v{suffix}")
         programs.append(NetworkProgram(plan.network, source, suffix, needs.orders))
 
@@ -611,26 +612,17 @@ def generate_structured(
     entries: list[sp.Expr] = []
     for leaf in scalar_leaves:
         entries += list(leaf.expr) if isinstance(leaf.expr, sp.MatrixBase) else [leaf.expr]
-    seed_slots: list[tuple[int, int, int]] = []  # (group, application, first entry)
-    uniform: dict[tuple[int, int], ast.expr] = {}  # seeds printed once on whole vectors
+    # (group, application, the seed's first entry in the block, or its whole-vector value)
+    seed_slots: list[tuple[int, int, int | ast.expr]] = []
     for g, group in enumerate(plan.groups):
         for a, seed in group.seeds.items():
-            value = _uniform_seed(list(seed), a, plan, data, quantities, scalar_parameters,
-                                  f"q{g + 1}a{a + 1}", len(literals), body, literals,
-                                  upstream, options)
-            if value is not None:
-                uniform[(g, a)] = value
-                seed_slots.append((g, a, -1))
-                continue
-            seed_slots.append((g, a, len(entries)))
-            entries += seed
-    scalar_values: list[ast.expr] = []
-    if entries:
-        block = scalar_block(entries, data, extra, scalar_parameters, "s", len(literals), **options)
-        body += block.statements
-        literals += block.literals
-        upstream.append(block.upstream)
-        scalar_values = block.entries
+            uniform = _uniform_seed(list(seed), a, plan, data, quantities, scalar_parameters)
+            if uniform is not None:
+                seed_slots.append((g, a, splice([uniform[0]], uniform[1], f"q{g + 1}a{a + 1}")[0]))
+            else:
+                seed_slots.append((g, a, len(entries)))
+                entries += seed
+    scalar_values = splice(entries, extra, "s") if entries else []
 
     # backprop: one per (loss, application), summed over applications
     gradients: dict[tuple[int, Any], Any] = {}
@@ -639,7 +631,8 @@ def generate_structured(
         program = programs[a]
         tag = "" if len(seed_slots) == 1 else f"_g{g + 1}a{a + 1}"
         seed_name = f"g{program.suffix}" if len(seed_slots) == 1 else f"g{tag}"
-        seed_value = uniform[(g, a)] if first < 0 else _stack(scalar_values[first:first + m])
+        seed_value = (first if isinstance(first, ast.expr)
+                      else _stack(scalar_values[first:first + m]))
         body.append(ast.Assign([_store(seed_name)], seed_value))
         steps_before = len(program.steps)
         grads = program.backprop(Ref(seed_name), tag)
