@@ -37,6 +37,7 @@ from symkern.symbolic.structured import (
     ActivationForms,
     Add,
     Assign,
+    Binary,
     Index,
     MatMul,
     Mul,
@@ -164,6 +165,10 @@ def _index_item(item: Any) -> ast.expr:
     return ast.Constant(item)
 
 
+#: each binary IR node's Python operator
+_OPERATORS: dict[type, type[ast.operator]] = {MatMul: ast.MatMult, Mul: ast.Mult, Add: ast.Add}
+
+
 def array_expr(node: Any) -> ast.expr:
     """One IR node → its expression (`x1 @ ps['L1']['W'].T + ps['L1']['b']`)."""
     if isinstance(node, Ref):
@@ -175,12 +180,8 @@ def array_expr(node: Any) -> ast.expr:
         return result
     if isinstance(node, Transpose):
         return ast.Attribute(array_expr(node.operand), "T", ast.Load())
-    if isinstance(node, MatMul):
-        return ast.BinOp(array_expr(node.left), ast.MatMult(), array_expr(node.right))
-    if isinstance(node, Mul):
-        return ast.BinOp(array_expr(node.left), ast.Mult(), array_expr(node.right))
-    if isinstance(node, Add):
-        return ast.BinOp(array_expr(node.left), ast.Add(), array_expr(node.right))
+    if isinstance(node, Binary):
+        return ast.BinOp(array_expr(node.left), _OPERATORS[type(node)](), array_expr(node.right))
     if isinstance(node, Index):
         items = [ast.Constant(Ellipsis)] + [_index_item(i) for i in node.items]
         return ast.Subscript(array_expr(node.operand), ast.Tuple(items, ast.Load()), ast.Load())

@@ -343,30 +343,27 @@ class Transpose:
 
 
 @dataclass(frozen=True)
-class MatMul:
+class Binary:
+    """`left <operator> right`; the subclass says which (its `operator`, as printed)."""
+
     left: Any
     right: Any
+    operator: ClassVar[str] = "?"
 
     def __repr__(self) -> str:
-        return f"({self.left!r} @ {self.right!r})"
+        return f"({self.left!r} {self.operator} {self.right!r})"
 
 
-@dataclass(frozen=True)
-class Mul:
-    left: Any
-    right: Any
-
-    def __repr__(self) -> str:
-        return f"({self.left!r} * {self.right!r})"
+class MatMul(Binary):
+    operator = "@"
 
 
-@dataclass(frozen=True)
-class Add:
-    left: Any
-    right: Any
+class Mul(Binary):
+    operator = "*"
 
-    def __repr__(self) -> str:
-        return f"({self.left!r} + {self.right!r})"
+
+class Add(Binary):
+    operator = "+"
 
 
 @dataclass(frozen=True)
