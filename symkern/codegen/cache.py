@@ -138,8 +138,8 @@ class CodegenCache:
             with np.load(folder / "literals.npz", allow_pickle=False) as stored:
                 literals = [HoistedLiteral(item["name"], stored[item["name"]], tuple(item["used_by"]))
                             for item in meta["literals"]]
-        upstream = EmittedCode(meta["upstream"], ast.parse(meta["upstream"]),
-                               tuple(meta["argument_names"]), dict(meta["user_functions"]))
+        upstream = EmittedCode(meta["upstream"], tuple(meta["argument_names"]),
+                               dict(meta["user_functions"]))
         return GeneratedCode(upstream, module, meta["source"], {"cache_load": 0.0}, tuple(literals))
 
     def put(self, key: str, generated: GeneratedCode) -> None:

@@ -6,6 +6,7 @@ Imports sympy, ast and symkern.symbolic / symkern.errors; nothing from kernels o
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,12 +42,17 @@ class EmittedCode:
     """
 
     source: str
-    module: ast.Module
     argument_names: tuple[str, ...]
     user_functions: Mapping[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return self.source
+
+    @functools.cached_property
+    def module(self) -> ast.Module:
+        """The source parsed, on first use: the rules parse their own copy, and a cache load
+        need not parse it at all (0.46 s of a 0.9 s cached 10^5-operation build)."""
+        return ast.parse(self.source)
 
 
 def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
@@ -221,4 +227,4 @@ def _print(equations, leaves, assignments, reduced, substitutions, printed_argum
     except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
         raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error
     names = tuple(str(argument) for argument in printed_arguments)
-    return EmittedCode(source, ast.parse(source), names, user_functions)
+    return EmittedCode(source, names, user_functions)

@@ -693,7 +693,7 @@ def generate_structured(
     module = index_by_batch_structured(module, data_ranks, scalar_reads)
     source = print_source(module)
     upstream_source = "\n".join(upstream)
-    emitted = EmittedCode(upstream_source, ast.parse(upstream_source), ())
+    emitted = EmittedCode(upstream_source, ())
     generated = GeneratedCode(emitted, module, source,
                               {"emit": emitted_at - start, "rewrite": time.perf_counter() - emitted_at},
                               tuple(literals))
