@@ -6,6 +6,7 @@ Imports every other part of symkern (the top of the import direction).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,9 +20,16 @@ from symkern.batching.kernel import Kernel, KernelSignature
 from symkern.codegen.cache import cache_key
 from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
+from symkern.codegen.vectorize import is_vectorized, parameter_shapes
+from symkern.codegen.vectorize import vectorize as vectorize_body
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
-from symkern.kernels.split import ExecutableStore, SplitProgram, exceeds_operations
+from symkern.kernels.split import (
+    ExecutableStore,
+    SplitProgram,
+    exceeds_operations,
+    operation_count,
+)
 from symkern.kernels.stage import LazyKernelFunction, compile_kernel
 from symkern.symbolic.arguments import (
     check_unique_symbols,
@@ -29,6 +37,8 @@ from symkern.symbolic.arguments import (
     equation_set,
     parameter_arguments,
 )
+
+logger = logging.getLogger("symkern")
 
 
 def resolve_dtype(dtype: Any) -> np.dtype:
@@ -54,6 +64,39 @@ def resolve_dtype(dtype: Any) -> np.dtype:
 #: 3x faster (docs/benchmarks.md, "Expression scale")
 SPLIT_ABOVE_OPERATIONS = 2000
 PIECE_OPERATIONS = 1000
+#: bodies above this many operations are vectorized by template (`vectorize=None`) when
+#: that leaves at least VECTORIZE_MIN_SHRINK times fewer operations: at 10^5 operations the
+#: first result fell from 42-52 s to ~7-10 s, at 10^4 from 7 s to 3.4 s at the same
+#: throughput; networks below it run faster scalar (docs/benchmarks.md, "Vectorized bodies")
+VECTORIZE_ABOVE_OPERATIONS = 4_000
+VECTORIZE_MIN_SHRINK = 20.0
+
+
+def _vectorized(generated, vectorize: bool | None, dtype, parameters, stopwatch):
+    """`generated` with its body vectorized by template, when `vectorize` asks or pays."""
+    if vectorize is False or (vectorize is None and not exceeds_operations(
+            generated.module, VECTORIZE_ABOVE_OPERATIONS)):
+        return generated
+    with stopwatch.stage("vectorize"):
+        module = generated.module  # changed only when vectorized
+        literals = list(generated.literals)
+        shapes = parameter_shapes([spec.path for spec in parameters],
+                                  [spec.shape for spec in parameters])
+        operations = operation_count(module)
+        found = vectorize_body(module, dtype, literals, operations,
+                               VECTORIZE_MIN_SHRINK if vectorize is None else 0.0, shapes)
+        if found is None:
+            if vectorize:
+                raise BuildError("vectorize=True: the kernel body holds a form that cannot be "
+                                 "vectorized (see symkern.codegen.vectorize.ELEMENTWISE); pass "
+                                 "vectorize=None to fall back to the scalar body")
+            return generated
+        body = found[1]
+        logger.info("vectorized: %d operations as %d groups (%d template operations) over "
+                    "%d levels, %d rows", operations, body.groups,
+                    body.template_nodes, body.levels, body.rows)
+        return dataclasses.replace(generated, module=module, source=print_source(module),
+                                   literals=tuple(literals))
 
 
 def _split_program(generated, functions, data, dtype, const_count,
@@ -80,25 +123,28 @@ def _split_program(generated, functions, data, dtype, const_count,
 
 
 def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype,
-                     stopwatch):
+                     vectorize, stopwatch):
     """Stages 1 and 2, through the on-disk cache when `symkern.enable_cache` is on.
 
     Returns the generated code and its cache key (None without the cache).
     """
+    def run() -> Any:
+        generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
+                             embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
+        return _vectorized(generated, vectorize, dtype, arguments[data_count:], stopwatch)
+
     cache = active_cache()
     if cache is None:
-        return generate(equations, arguments, data_count, cse=cse, functions=functions,
-                        embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch), None
+        return run(), None
     start = time.perf_counter()
     options = {"cse": cse, "functions": sorted(functions or {}), "embed_max_bytes": embed_max_bytes,
-               "dtype": np.dtype(dtype).name, "data_count": data_count}
+               "dtype": np.dtype(dtype).name, "data_count": data_count, "vectorize": vectorize}
     key = cache_key(equations, arguments, options, library_versions())
     cached = cache.get(key)
     if cached is not None:
         stopwatch.timings["cache_load"] = time.perf_counter() - start
         return cached, key
-    generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
-                         embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
+    generated = run()
     cache.put(key, generated)
     return generated, key
 
@@ -112,6 +158,7 @@ def build_function(
     embed_max_bytes: int = 32,
     functions: Mapping[str, Callable] | None = None,
     progress: bool | None = None,
+    vectorize: bool | None = None,
 ) -> Kernel:
     """Compile SymPy equations into a batched kernel.
 
@@ -121,6 +168,10 @@ def build_function(
     symbols; `functions` maps the name of an undefined SymPy Function to a JAX function.
     Each stage's time is in `kernel.timings` and logged to the "symkern" logger;
     `progress` shows a bar over the stages (default: when stderr is a terminal).
+    `vectorize` evaluates statements that repeat one template as vectors (one gather and
+    one expression per template, symkern.codegen.vectorize): None (default) does so for
+    bodies above VECTORIZE_ABOVE_OPERATIONS operations when it shrinks them
+    VECTORIZE_MIN_SHRINK-fold, True always (BuildError when the body cannot be), False never.
 
     >>> import sympy as sp
     >>> x0, x1, a = sp.symbols("x0 x1 a")
@@ -130,6 +181,8 @@ def build_function(
     """
     if not isinstance(cse, bool):
         raise BuildError(f"cse: expected True or False, got {cse!r}")
+    if vectorize not in (None, True, False):
+        raise BuildError(f"vectorize: expected None, True or False, got {vectorize!r}")
     if not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
         raise BuildError(f"embed_max_bytes: expected a non-negative int, got {embed_max_bytes!r}")
     functions = dict(functions or {})
@@ -146,7 +199,8 @@ def build_function(
     equations = equation_set(eqs)
     generated, cache_key = _generate_cached(equations, data + parameters, len(data), cse=cse,
                                             functions=functions, embed_max_bytes=embed_max_bytes,
-                                            dtype=resolved_dtype, stopwatch=stopwatch)
+                                            dtype=resolved_dtype, vectorize=vectorize,
+                                            stopwatch=stopwatch)
     namespace_functions: dict[str, Callable] = {}
     captured = []
     if functions:
@@ -180,8 +234,14 @@ def build_function(
     stopwatch.close()
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
                                 params is not None)
-    return Kernel(generated, function, signature, equations, timings, tuple(const_args), progress,
-                  split)
+    kernel = Kernel(generated, function, signature, equations, timings, tuple(const_args),
+                    progress, split)
+    if is_vectorized(generated.module):
+        # its entries are rows of one array: stacking them inside the program is a transpose,
+        # as fast as two executables (10^5 ops: 1.84 vs 1.76 s at 100k, 13.0 vs 13.2 ms at
+        # 1,024), so the probe's extra compile (3 s at 10^5, 19 s at 10^6) buys nothing
+        kernel.assembly = "fused"
+    return kernel
 
 
 def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Kernel:

@@ -89,21 +89,34 @@ def verify_kernel_module(module: ast.Module) -> None:
             or module.body[0].name != KERNEL_NAME:
         raise CodegenDriftError("codegen cache: expected one kernel function definition")
     function = module.body[0]
-    allowed = {arg.arg for arg in function.args.args} | set(NAMESPACE_ROOTS)
-    for statement in function.body:
-        if isinstance(statement, ast.Assign):
-            allowed.update(n.id for t in statement.targets for n in ast.walk(t)
-                           if isinstance(n, ast.Name))
-        elif not isinstance(statement, ast.Return):
-            raise CodegenDriftError(f"codegen cache: unexpected statement {ast.unparse(statement)[:80]}")
+    allowed = set(NAMESPACE_ROOTS)
+    # the kernel, and the local functions of a vectorized body (symkern.codegen.vectorize):
+    # plain definitions holding assignments, returns and further such definitions
+    definitions = [function]
+    while definitions:
+        definition = definitions.pop()
+        if definition.decorator_list or definition.args.defaults or definition.args.vararg \
+                or definition.args.kwarg or definition.args.kwonlyargs:
+            raise CodegenDriftError(f"codegen cache: unexpected signature of {definition.name}")
+        allowed.add(definition.name)
+        allowed.update(arg.arg for arg in definition.args.args)
+        for statement in definition.body:
+            if isinstance(statement, ast.Assign):
+                allowed.update(n.id for t in statement.targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+            elif isinstance(statement, ast.FunctionDef):
+                definitions.append(statement)
+            elif not isinstance(statement, ast.Return):
+                raise CodegenDriftError(
+                    f"codegen cache: unexpected statement {ast.unparse(statement)[:80]}")
     for node in ast.walk(function):
         if isinstance(node, ast.Name) and node.id not in allowed:
             raise CodegenDriftError(f"codegen cache: unexpected name {node.id!r}")
         if isinstance(node, ast.Attribute) and (node.attr.startswith("_") or not isinstance(
                 node.value, (ast.Name, ast.Attribute, ast.Subscript))):
             raise CodegenDriftError(f"codegen cache: unexpected attribute {ast.unparse(node)[:80]}")
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Lambda, ast.FunctionDef,
-                             ast.ClassDef, ast.Global, ast.Nonlocal)) and node is not function:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Lambda, ast.ClassDef, ast.Global,
+                             ast.Nonlocal, ast.AsyncFunctionDef)):
             raise CodegenDriftError("codegen cache: unexpected definition or import")
 
 

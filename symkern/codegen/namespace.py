@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
+from symkern.codegen import vecops
+
 
 @jax.custom_jvp
 def gate(taken, value):
@@ -37,7 +39,7 @@ def _gate_jvp(primals, tangents):
 
 
 def kernel_namespace(functions: dict | None = None) -> dict:
-    """The globals a kernel runs with: jnp, lax, jsp, gate and the user's functions."""
+    """The globals a kernel runs with: jnp, lax, jsp, gate, vec and the user's functions."""
     return {
         # No builtin the generated code could name (the rules admit no such name), but C
         # extensions called from a kernel's frame import lazily through that frame's
@@ -47,6 +49,7 @@ def kernel_namespace(functions: dict | None = None) -> dict:
         "lax": lax,
         "jsp": jsp,
         "gate": gate,
+        "vec": vecops,
         "functions": dict(functions or {}),
     }
 

@@ -62,9 +62,10 @@ SPLIT_SCRIPT = textwrap.dedent("""
     sk.enable_cache(sys.argv[1])
     xs = sp.symbols("x0:6"); a = sp.Symbol("a")
     # > 2,000 operations: compiled as pieces (symkern.batching.build.SPLIT_ABOVE_OPERATIONS)
+    # when not vectorized
     eqs = sp.Matrix([sp.Add(*[sp.sin(xs[i % 6] * (i + 1 + k)) * a * xs[(i + k) % 6]
                               for i in range(300)]) for k in range(2)])
-    kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64")
+    kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", vectorize=False)
     X = np.linspace(-1, 1, 18).reshape(3, 6)
     out = np.asarray(kernel(X, {"a": 1.5}))
     want = np.array([[sum(np.sin(X[n, i % 6] * (i + 1 + k)) * 1.5 * X[n, (i + k) % 6]
@@ -93,3 +94,51 @@ def test_a_second_process_loads_the_compiled_pieces_and_neither_traces_nor_lower
     stored.write_bytes(b"not a pickle")
     third = run_split(tmp_path)
     assert "xla_compile" in third["timings"] and third["error"] < 1e-10
+
+
+VECTORIZED = textwrap.dedent("""
+    import json, sys
+    import numpy as np, sympy as sp, symkern as sk
+    sk.enable_cache(sys.argv[1])
+    xs = sp.symbols("x0:4"); a = sp.Symbol("a")
+    eqs = sp.Matrix([sp.Add(*[sp.sin(xs[i % 4] * (i + k)) * a * xs[(i + k) % 4]
+                              for i in range(20)]) for k in range(3)])
+    kernel = sk.build_function(eqs, xs, params={"a": a}, vectorize=True)
+    out = kernel(np.linspace(0, 1, 8, dtype=np.float32).reshape(2, 4), {"a": 2.0})
+    print(json.dumps({"timings": kernel.timings, "source": kernel.source,
+                      "out": np.asarray(out).tolist(),
+                      "tables": {c.name: str(np.asarray(c.value).dtype) for c in kernel.const_args}}))
+""")
+
+
+def test_a_vectorized_body_and_its_index_tables_come_back_from_the_cache(tmp_path):
+    first = run(tmp_path, VECTORIZED)
+    second = run(tmp_path, VECTORIZED)
+    assert "vectorize" in first["timings"] and "cache_load" in second["timings"]
+    assert "vectorize" not in second["timings"]
+    assert "vec.chunked" in second["source"] and second["source"] == first["source"]
+    assert second["tables"] == first["tables"] and "int32" in second["tables"].values()
+    assert second["out"] == first["out"]
+
+
+@pytest.mark.parametrize("source, complaint", [
+    ("def kernel(x1):\n    def _levels(_R):\n        import os\n        return _R\n    return (x1,)",
+     "unexpected statement"),
+    ("def kernel(x1):\n    @jnp.vectorize\n    def _levels(_R):\n        return _R\n    return (x1,)",
+     "unexpected signature"),
+    ("def kernel(x1):\n    def _levels(_R, n=1):\n        return _R\n    return (x1,)",
+     "unexpected signature"),
+    ("def kernel(x1):\n    def _levels(_R):\n        return open\n    return (x1,)",
+     "unexpected name 'open'"),
+])
+def test_the_cache_refuses_local_functions_that_are_not_plain(source, complaint):
+    import ast
+
+    from symkern.codegen.cache import verify_kernel_module
+    from symkern.errors import CodegenDriftError
+
+    with pytest.raises(CodegenDriftError, match=complaint):
+        verify_kernel_module(ast.parse(source))
+    verify_kernel_module(ast.parse(
+        "def kernel(x1):\n    def _levels(_R):\n        _g0 = jnp.sin(_R)\n        return _g0\n"
+        "    return (vec.chunked(_levels, x1),)"))

@@ -78,8 +78,12 @@ def test_every_raised_exception_class_is_documented():
     raised = raised_classes()
     assert {"BuildError", "ArgumentError", "CodegenDriftError"} <= set(raised)
     headings = "\n".join(line for line in doc_text().splitlines() if line.startswith("## "))
+    # a private class caught in the module that raises it never reaches a user
+    private = {name for name, sites in raised.items() if name.startswith("_") and all(
+        f"except {name}" in (ROOT / site.split(":")[0]).read_text(encoding="utf-8")
+        for site in sites)}
     missing = {name: sites for name, sites in raised.items()
-               if not re.search(rf"\b{re.escape(name)}\b", headings)}
+               if name not in private and not re.search(rf"\b{re.escape(name)}\b", headings)}
     assert not missing, f"raised but not documented in docs/errors.md: {missing}"
 
 

@@ -1,0 +1,115 @@
+"""codegen, stage 3 helper: the operations a vectorized kernel body calls (`vec.*`).
+
+Imports jax. A vectorized body (symkern.codegen.vectorize) keeps every computed value as a
+row of one store `R` of shape `(rows, *batch)` (batch last) and the kernel's scalars (its
+parameters, constants and parameter-only values) in one vector `S`; each group of
+statements sharing a template is one gather plus one elementwise expression over all its
+members. Index arrays are const args of the kernel, never embedded in the program.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+#: samples evaluated together: the store of a chunk stays in cache and a group's
+#: gathered operands are never materialized for the whole batch
+CHUNK = 1024
+#: instances per step of a wide reduction's loop
+UNROLL = 4
+
+
+def store(rows: Sequence[Any], dtype: Any) -> Any:
+    """Rows 0 (zeros) and 1 (ones), then `rows` broadcast to one batch shape: `(n + 2, *batch)`."""
+    values = jnp.broadcast_arrays(*[jnp.asarray(row, dtype) for row in rows])
+    zero = jnp.zeros_like(values[0])
+    return jnp.stack([zero, zero + 1, *values])
+
+
+def scalars(values: Sequence[Any], arrays: Sequence[tuple[Any, tuple[int, ...]]],
+            dtype: Any) -> Any:
+    """Entries 0 (zero) and 1 (one), then `values`, then each (array, shape) raveled: the
+    kernel's scalars as one vector."""
+    head = jnp.stack([jnp.zeros((), dtype), jnp.ones((), dtype),
+                      *[jnp.asarray(value, dtype).reshape(()) for value in values]])
+    return jnp.concatenate([head, *[jnp.asarray(array, dtype).reshape(shape).ravel()
+                                    for array, shape in arrays]])
+
+
+def take(R: Any, index: Any) -> Any:  # noqa: N803 - the store is R throughout
+    """Rows of the store: `index.shape + batch`."""
+    return R[index]
+
+
+def take_scalars(S: Any, index: Any, R: Any) -> Any:  # noqa: N803
+    """Scalars shaped to broadcast against `take(R, index)`."""
+    return S[index].reshape(index.shape + (1,) * (R.ndim - 1))
+
+
+def _expanded(mask: Any, value: Any) -> Any:
+    return mask.reshape(mask.shape + (1,) * (value.ndim - mask.ndim))
+
+
+def masked_sum(value: Any, mask: Any) -> Any:
+    """Sum over the last index axis (`mask.ndim - 1`) of the present instances only."""
+    return jnp.sum(jnp.where(_expanded(mask, value), value, 0), axis=mask.ndim - 1)
+
+
+def masked_prod(value: Any, mask: Any) -> Any:
+    """Product over the last index axis of the present instances only."""
+    return jnp.prod(jnp.where(_expanded(mask, value), value, 1), axis=mask.ndim - 1)
+
+
+def scan_reduce(kind: str, term: Callable[..., Any], tables: Sequence[Any], axis: int,
+                mask: Any = None) -> Any:
+    """`kind` ("sum" or "prod") over axis `axis` of `tables` of `term(*tables sliced there)`.
+
+    One loop step per instance: each step gathers one `(members, chunk)` block and adds it
+    to the accumulator. XLA's fused gather-and-reduce over a wide axis ran 10-15x slower
+    (docs/benchmarks.md, "Vectorized bodies").
+    """
+    moved = [jnp.moveaxis(table, axis, 0) for table in tables]
+    present = None if mask is None else jnp.moveaxis(mask, axis, 0)
+    identity = 0 if kind == "sum" else 1
+    combine = jnp.add if kind == "sum" else jnp.multiply
+
+    def value(k: Any) -> Any:
+        out = term(*[table[k] for table in moved])
+        if present is None:
+            return out
+        return jnp.where(_expanded(present[k], out), out, identity)
+
+    first = value(0)
+    # four instances a step: 1.5-2x faster than one on this body (docs/benchmarks.md)
+    return lax.fori_loop(1, moved[0].shape[0], lambda k, acc: combine(acc, value(k)), first,
+                         unroll=UNROLL)
+
+
+def chunked(levels: Callable[[Any], Any], R: Any, chunk: int | None = None) -> Any:  # noqa: N803
+    """`levels(R)` evaluated `chunk` (default CHUNK) samples at a time (`lax.map`);
+    `(outputs, *batch)`.
+
+    A batch of at most `chunk` samples (and a single sample) is one call, and so is a
+    symbolic batch (an exported kernel). Larger batches are flattened, padded with their
+    last sample to a multiple of `chunk` and cut.
+    """
+    chunk = CHUNK if chunk is None else chunk
+    batch = R.shape[1:]
+    if not all(isinstance(n, int) for n in batch):
+        return levels(R)  # a symbolic batch (kernel.export): one call, unchunked
+    size = math.prod(batch)
+    if size <= chunk:
+        return levels(R)
+    flat = R.reshape(R.shape[0], size)
+    count = -(-size // chunk)
+    if count * chunk != size:
+        flat = jnp.pad(flat, ((0, 0), (0, count * chunk - size)), mode="edge")
+    pieces = flat.reshape(R.shape[0], count, chunk).transpose(1, 0, 2)
+    out = lax.map(levels, pieces)  # (count, outputs, chunk)
+    out = out.transpose(1, 0, 2).reshape(out.shape[1], count * chunk)[:, :size]
+    return out.reshape((out.shape[0], *batch))
+
