@@ -294,6 +294,8 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "expr-1e3": lambda: generated(1000),
     "expr-1e4": lambda: generated(10_000),
     "expr-1e5": lambda: generated(100_000),
+    # not in the full profile (minutes per tool): benchmarks/compare.py --workloads expr-1e6
+    "expr-1e6": lambda: generated(1_000_000),
 }
 
 

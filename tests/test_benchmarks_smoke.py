@@ -49,3 +49,17 @@ def test_skipped_tools_say_why(quick_results: dict) -> None:
         hand = entry["tools"]["jax-hand"]
         if hand["status"] == "skipped":
             assert "hand-written" in hand["reason"]
+
+
+def test_scale_vectorize_smoke_run(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "scale_vectorize.py"), "--sizes", "300",
+               "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [(row["size"], row["vectorize"]) for row in rows] == [(300, True), (300, False)]
+    for row in rows:
+        assert "status" not in row, row
+        assert row["vectorized"] == row["vectorize"] and row["throughput"] > 0
+        assert row["first_result_s"] > 0 and "xla_compile" in row["timings"]
