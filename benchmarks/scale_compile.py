@@ -108,7 +108,7 @@ def hoist_reads(module: ast.Module) -> ast.Module:
 def _load(n_terms: int, workdir: Path, reads: bool = False):
     import numpy as np
 
-    from symkern.kernels.split import operation_count
+    from symkern.codegen.operations import operation_count
     from symkern.kernels.stage import compile_kernel
 
     module = ast.parse((workdir / f"kernel_{n_terms}.py").read_text())

@@ -18,18 +18,14 @@ import numpy as np
 from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel, KernelSignature
 from symkern.codegen.cache import cache_key
+from symkern.codegen.operations import exceeds_operations, operation_count
 from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.codegen.vectorize import is_vectorized, parameter_shapes
 from symkern.codegen.vectorize import vectorize as vectorize_body
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
-from symkern.kernels.split import (
-    ExecutableStore,
-    SplitProgram,
-    exceeds_operations,
-    operation_count,
-)
+from symkern.kernels.split import ExecutableStore, SplitProgram
 from symkern.kernels.stage import LazyKernelFunction, compile_kernel
 from symkern.symbolic.arguments import (
     check_unique_symbols,

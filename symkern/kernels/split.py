@@ -31,6 +31,7 @@ from typing import Any
 import jax
 
 from symkern.codegen.cache import write_atomically
+from symkern.codegen.operations import count_and_reads
 from symkern.codegen.rules import KERNEL_NAME
 from symkern.errors import CodegenDriftError
 from symkern.kernels.stage import LazyKernelFunction
@@ -39,8 +40,6 @@ from symkern.kernels.stage import LazyKernelFunction
 LIVE_IN = "_live"
 #: prefix of the locals that hold the kernel's returned entries once the return is split
 RESULT_PREFIX = "_r"
-#: AST nodes counted as one operation by `operation_count`
-_OPERATIONS = (ast.BinOp, ast.UnaryOp, ast.Call, ast.Compare, ast.BoolOp)
 
 
 def _drift(what: str, found: ast.AST) -> CodegenDriftError:
@@ -58,45 +57,6 @@ def _kernel_function(module: ast.Module) -> ast.FunctionDef:
 def _stored(statement: ast.stmt) -> list[str]:
     return [n.id for t in statement.targets for n in ast.walk(t)  # type: ignore[attr-defined]
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-
-
-def operation_count(node: ast.AST) -> int:
-    """Operations in one statement: each operator, call and comparison counts one."""
-    return _count_and_reads(node)[0]
-
-
-def exceeds_operations(node: ast.AST, limit: int) -> bool:
-    """Whether `node` holds more than `limit` operations; stops counting once it does
-    (deciding to split a 10^5-op body took a whole walk before split_module's own)."""
-    count = 0
-    for current in ast.walk(node):
-        if isinstance(current, _OPERATIONS):
-            count += 1
-            if count > limit:
-                return True
-    return False
-
-
-def _count_and_reads(node: ast.AST) -> tuple[int, set[str]]:
-    """`operation_count(node)` and the names it loads, in one walk (a 10^5-op body has
-    600k nodes: each separate walk cost ~0.5 s)."""
-    count, reads, stack = 0, set(), [node]
-    operations, name, load = _OPERATIONS, ast.Name, ast.Load
-    while stack:
-        current = stack.pop()
-        if isinstance(current, operations):
-            count += 1
-        elif isinstance(current, name):
-            if isinstance(current.ctx, load):
-                reads.add(current.id)
-            continue
-        for field_name in current._fields:
-            value = getattr(current, field_name, None)
-            if isinstance(value, ast.AST):
-                stack.append(value)
-            elif isinstance(value, list):
-                stack.extend(item for item in value if isinstance(item, ast.AST))
-    return count, reads
 
 
 @dataclass(frozen=True)
@@ -198,7 +158,7 @@ def split_module(module: ast.Module, max_statements: int, *,
         raise _drift(f"no kernel argument named {LIVE_IN}", function.args)
     body, results = _normalized_body(function)
     local_names = {_stored(s)[0] for s in body}
-    walked = [_count_and_reads(s.value) for s in body]
+    walked = [count_and_reads(s.value) for s in body]
     reads = [names & local_names for _, names in walked]
     counts = [count for count, _ in walked]
     groups = _groups([(1, count) for count in counts], max_statements, max_operations)
