@@ -97,7 +97,9 @@ def _vectorized(generated, vectorize: bool | None, dtype, parameters, stopwatch)
 
 def _split_program(generated, functions, data, dtype, const_count,
                    cache_key: str | None = None) -> SplitProgram | None:
-    if not exceeds_operations(generated.module, SPLIT_ABOVE_OPERATIONS):
+    # a vectorized body is already small for XLA, and not straight-line (its local functions)
+    if is_vectorized(generated.module) or not exceeds_operations(generated.module,
+                                                                 SPLIT_ABOVE_OPERATIONS):
         return None
     cache = active_cache()
     # user functions are keyed by name only: their compiled bodies are not stored

@@ -214,3 +214,33 @@ def test_a_body_above_the_threshold_is_vectorized_by_default_and_exact():
     reference = sp.lambdify([list(X), list(ps)], outputs, "numpy")
     expected = np.stack(reference(data.T, values), axis=-1)
     np.testing.assert_allclose(kernel(data, list(values)), expected, rtol=1e-11, atol=1e-11)
+
+
+def test_a_vectorized_body_above_the_split_threshold_is_never_cut(monkeypatch):
+    # n_link_pendulum_on_cart(14): a vectorized body of > 2,000 operations reached the
+    # splitter, which only cuts straight-line bodies
+    monkeypatch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 10)
+    scalar = sk.build_function(_wide_model(), list(X), params=list(P), dtype="float64",
+                               vectorize=False)
+    vector = sk.build_function(_wide_model(), list(X), params=list(P), dtype="float64",
+                               vectorize=True)
+    assert scalar._pieces is not None and vector._pieces is None
+    data = np.random.default_rng(6).uniform(-1, 1, (9, 4))
+    np.testing.assert_allclose(vector(data, [0.2, 0.4, 0.6]), scalar(data, [0.2, 0.4, 0.6]),
+                               rtol=1e-12)
+
+
+def test_many_small_outputs_keep_the_scalar_body_by_default(monkeypatch):
+    # one template, but every entry is its own output: the vectorized program would still
+    # hold a slice and an assembly place per entry (n_link_pendulum_on_cart(14): 1,365)
+    monkeypatch.setattr(build, "VECTORIZE_ABOVE_OPERATIONS", 50)
+    monkeypatch.setattr(build, "VECTORIZE_MIN_SHRINK", 2.0)
+    entries = sp.Matrix([sp.sin(P[i % 3] * X[i % 4]) * X[(i + 1) % 4] * (i + 1) for i in range(120)])
+    assert "vec." not in sk.build_function(entries, list(X), params=list(P)).source
+    forced = sk.build_function(entries, list(X), params=list(P), dtype="float64", vectorize=True)
+    assert "vec.chunked" in forced.source
+    data = np.random.default_rng(7).uniform(-1, 1, (3, 4))
+    values = [0.5, -0.25, 2.0]
+    want = np.array([[float(e.subs({**dict(zip(X, row)), **dict(zip(P, values))})) for e in entries]
+                     for row in data])
+    np.testing.assert_allclose(forced(data, values), want, rtol=1e-12)
