@@ -241,6 +241,7 @@ def test_many_small_outputs_keep_the_scalar_body_by_default(monkeypatch):
     assert "vec.chunked" in forced.source
     data = np.random.default_rng(7).uniform(-1, 1, (3, 4))
     values = [0.5, -0.25, 2.0]
-    want = np.array([[float(e.subs({**dict(zip(X, row)), **dict(zip(P, values))})) for e in entries]
+    want = np.array([[float(e.subs({**dict(zip(X, row, strict=True)), **dict(zip(P, values, strict=True))}))
+                      for e in entries]
                      for row in data])
     np.testing.assert_allclose(forced(data, values), want, rtol=1e-12)
