@@ -1,11 +1,11 @@
 """codegen, stage 2 (huge bodies): statements that repeat one template evaluated as vectors.
 
-Imports ast, numpy and symkern.codegen.rules. XLA's CPU compile costs about a millisecond
-per scalar operation (docs/benchmarks.md, "Expression scale"), so a 10^5-operation body
-takes half a minute to compile however it is cut. But big expressions repeat themselves:
-`sum_i p_a(i) * sin(p_b(i) * x_j(i) + x_k(i)) * cos(...)` is one template applied
-thousands of times to different inputs. This rule rewrites a rewritten kernel body into
-one gather and one elementwise expression per (level, template):
+Imports ast, numpy, symkern.codegen.operations and symkern.codegen.rules. XLA's CPU
+compile costs about a millisecond per scalar operation (docs/benchmarks.md, "Expression
+scale"), so a 10^5-operation body takes half a minute to compile however it is cut. But
+big expressions repeat themselves: `sum_i p_a(i) * sin(p_b(i) * x_j(i) + x_k(i)) * ...` is
+one template applied thousands of times to different inputs. This rule rewrites a
+rewritten kernel body into one gather and one elementwise expression per (level, template):
 
 - every value a statement computes is a row of one store `_R` (`(rows, *batch)`, batch
   last); data reads are the first rows, after a row of zeros and a row of ones;
@@ -18,13 +18,16 @@ one gather and one elementwise expression per (level, template):
   every term; materializing each would write every term to memory);
 - statements whose inputs are all at lower levels and that share a template form one
   group: one line of code, their row and scalar indices const args `_v0, _v1, …`;
+- the outputs all join the last level, and sums (products) at one level merge over the
+  union of their operands' templates, so groups are wide;
+- a reduction over more than SCAN_ABOVE operands is a loop (`vec.scan_reduce`);
 - the levels run over `vec.CHUNK` samples at a time (`vec.chunked`), so the store stays in
   cache.
 
 The result is the same function (same arguments, same outputs tuple), with far fewer
 operations for XLA. `vectorize` returns None when a body does not shrink enough (every
-statement its own template) or holds a form it does not know, and the kernel keeps its
-scalar body.
+statement its own template, much parameter-only code, many outputs) or holds a form it
+does not know, and the kernel keeps its scalar body.
 """
 
 from __future__ import annotations
