@@ -67,6 +67,10 @@ class _Unsupported(Exception):
     """A per-sample form the rule does not know: the kernel keeps its scalar body."""
 
 
+class _Declined(Exception):
+    """More groups than the body's operations allow: it cannot shrink enough."""
+
+
 @dataclass
 class VectorizedBody:
     """What `vectorize` found: the groups it emits and the operations they replace."""
@@ -114,7 +118,8 @@ class _Builder:
     """Templates of a body's statements, their levels and their groups."""
 
     def __init__(self, uses: dict[str, int], data_names: set[str],
-                 parameter_shapes: Mapping[str, tuple[int, ...]]) -> None:
+                 parameter_shapes: Mapping[str, tuple[int, ...]],
+                 max_groups: float = math.inf) -> None:
         self.uses = uses
         self.data_names = data_names
         self.parameter_shapes = parameter_shapes
@@ -131,6 +136,17 @@ class _Builder:
         #: (template, instance, row, level) of every computed row, outputs last
         self.members: list[tuple[tuple, Any, int, int]] = []
         self.outputs: set[int] = set()
+        #: every group costs at least one operation: past this many, stop (a nest 10^4 deep
+        #: is 10^4 groups of one; building them all took 3 s of a 22 s build)
+        self.max_groups = max_groups
+        self.heads: set[tuple[int, Any]] = set()
+        self.ranks: dict[tuple, int] = {}
+
+    def order(self, key: tuple) -> int:
+        """A template's rank in first-seen order: operands of sums and products, and groups,
+        are sorted by it (deterministic, unlike hashes; `repr` of nested templates made a
+        10^4-deep nest quadratic)."""
+        return self.ranks.setdefault(key, len(self.ranks))
 
     # -- leaves --------------------------------------------------------------------------
     def _data_row(self, node: ast.expr) -> int:
@@ -242,7 +258,7 @@ class _Builder:
         components: dict[tuple, list] = defaultdict(list)
         for key, instance, _ in built:
             components[key].append(self._leaf_instance(key, instance))
-        keys = tuple(sorted(components, key=repr))
+        keys = tuple(sorted(components, key=self.order))
         return ((kind, keys), tuple(components[key] for key in keys),
                 max(lvl for _, _, lvl in built))
 
@@ -278,6 +294,9 @@ class _Builder:
             raise _Unsupported("a scalar where a row was expected")  # guarded by reads_rows
         row = self._new_row(level + 1)
         self.members.append((key, instance, row, level + 1))
+        self.heads.add((level + 1, key[0] if key[0] in ("sum", "prod") else key))
+        if len(self.heads) > self.max_groups:
+            raise _Declined
         if output:
             self.outputs.add(row)
         return row
@@ -304,7 +323,7 @@ class _Builder:
             if len(keys) == 1:
                 groups[(level, members[0][0])] = [(inst, row) for _, inst, row in members]
                 continue
-            union = tuple(sorted({k for key in keys for k in key[1]}, key=repr))
+            union = tuple(sorted({k for key in keys for k in key[1]}, key=self.order))
             groups[(level, (head, union))] = [
                 (tuple(instance[key[1].index(k)] if k in key[1] else [] for k in union), row)
                 for key, instance, row in members]
@@ -452,7 +471,8 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     data_names = {a.arg for a in function.args.args if DATA_NAME.match(a.arg)}
     if not data_names:
         return None
-    builder = _Builder(_uses(function), data_names, parameter_shapes or {})
+    builder = _Builder(_uses(function), data_names, parameter_shapes or {},
+                       operations / min_shrink if min_shrink else math.inf)
     prologue: list[ast.stmt] = []
     try:
         for statement in function.body[:-1]:
@@ -469,7 +489,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
                 outputs.append(value)
             else:
                 outputs.append(builder.member(value, output=True))
-    except _Unsupported:
+    except (_Unsupported, _Declined):
         return None
     groups = builder.groups()
     if not groups:
@@ -478,7 +498,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     # layout: zeros, ones, data rows, then each level's groups in order
     positions = {row: 2 + k for k, row in enumerate(
         r for r in range(len(builder.level)) if builder.level[r] == 0)}
-    ordered = sorted(groups.items(), key=lambda item: (item[0][0], repr(item[0][1])))
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0], builder.order(item[0][1])))
     for _group, members in ordered:
         for _, row in members:
             positions[row] = len(positions) + 2

@@ -245,3 +245,19 @@ def test_many_small_outputs_keep_the_scalar_body_by_default(monkeypatch):
                       for e in entries]
                      for row in data])
     np.testing.assert_allclose(forced(data, values), want, rtol=1e-12)
+
+
+def test_a_deep_nest_is_declined_early_and_stays_exact(monkeypatch):
+    import math
+
+    monkeypatch.setattr(build, "VECTORIZE_ABOVE_OPERATIONS", 50)
+    x, a = sp.symbols("x a")
+    e = x
+    for i in range(400):
+        e = sp.sin(a * e + x, evaluate=False) if i % 2 else sp.cos(e, evaluate=False)
+    kernel = sk.build_function(e, x, params={"a": a}, dtype="float64")
+    assert "vec." not in kernel.source and "vectorize" in kernel.timings
+    value = 0.3
+    for i in range(400):
+        value = math.sin(0.7 * value + 0.3) if i % 2 else math.cos(value)
+    assert float(kernel(np.array([0.3]), {"a": 0.7})[0]) == pytest.approx(value, rel=1e-12)
