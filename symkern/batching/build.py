@@ -79,15 +79,14 @@ def _vectorized(generated, vectorize: bool | None, dtype, parameters, stopwatch)
         shapes = parameter_shapes([spec.path for spec in parameters],
                                   [spec.shape for spec in parameters])
         operations = operation_count(module)
-        found = vectorize_body(module, dtype, literals, operations,
-                               VECTORIZE_MIN_SHRINK if vectorize is None else 0.0, shapes)
-        if found is None:
+        body = vectorize_body(module, dtype, literals, operations,
+                              VECTORIZE_MIN_SHRINK if vectorize is None else 0.0, shapes)
+        if body is None:
             if vectorize:
                 raise BuildError("vectorize=True: the kernel body holds a form that cannot be "
                                  "vectorized (see symkern.codegen.vectorize.ELEMENTWISE); pass "
                                  "vectorize=None to fall back to the scalar body")
             return generated
-        body = found[1]
         logger.info("vectorized: %d operations as %d groups (%d template operations) over "
                     "%d levels, %d rows", operations, body.groups,
                     body.template_nodes, body.levels, body.rows)

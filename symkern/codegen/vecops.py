@@ -40,37 +40,33 @@ def scalars(values: Sequence[Any], arrays: Sequence[tuple[Any, tuple[int, ...]]]
                                     for array, shape in arrays]])
 
 
-def take(R: Any, index: Any) -> Any:  # noqa: N803 - the store is R throughout
-    """Rows of the store: `index.shape + batch`."""
-    return R[index]
-
-
-def take_scalars(S: Any, index: Any, R: Any) -> Any:  # noqa: N803
-    """Scalars shaped to broadcast against `take(R, index)`."""
+def take_scalars(S: Any, index: Any, R: Any) -> Any:  # noqa: N803 - the store is R throughout
+    """Scalars shaped to broadcast against the rows `R[index]`."""
     return S[index].reshape(index.shape + (1,) * (R.ndim - 1))
 
 
-def _expanded(mask: Any, value: Any) -> Any:
-    return mask.reshape(mask.shape + (1,) * (value.ndim - mask.ndim))
+def _masked(value: Any, mask: Any, identity: float) -> Any:
+    """`value` where `mask` (its leading axes) holds, `identity` at the pads."""
+    return jnp.where(mask.reshape(mask.shape + (1,) * (value.ndim - mask.ndim)), value, identity)
 
 
 def masked_sum(value: Any, mask: Any) -> Any:
     """Sum over the last index axis (`mask.ndim - 1`) of the present instances only."""
-    return jnp.sum(jnp.where(_expanded(mask, value), value, 0), axis=mask.ndim - 1)
+    return jnp.sum(_masked(value, mask, 0), axis=mask.ndim - 1)
 
 
 def masked_prod(value: Any, mask: Any) -> Any:
     """Product over the last index axis of the present instances only."""
-    return jnp.prod(jnp.where(_expanded(mask, value), value, 1), axis=mask.ndim - 1)
+    return jnp.prod(_masked(value, mask, 1), axis=mask.ndim - 1)
 
 
 def scan_reduce(kind: str, term: Callable[..., Any], tables: Sequence[Any], axis: int,
                 mask: Any = None) -> Any:
     """`kind` ("sum" or "prod") over axis `axis` of `tables` of `term(*tables sliced there)`.
 
-    One loop step per instance: each step gathers one `(members, chunk)` block and adds it
-    to the accumulator. XLA's fused gather-and-reduce over a wide axis ran 10-15x slower
-    (docs/benchmarks.md, "Vectorized bodies").
+    One loop iteration per instance, UNROLL of them a step: each gathers one `(members,
+    chunk)` block and adds it to the accumulator. XLA's fused gather-and-reduce over a wide
+    axis ran 5-25x slower (docs/benchmarks.md, "Vectorized bodies").
     """
     moved = [jnp.moveaxis(table, axis, 0) for table in tables]
     present = None if mask is None else jnp.moveaxis(mask, axis, 0)
@@ -79,9 +75,7 @@ def scan_reduce(kind: str, term: Callable[..., Any], tables: Sequence[Any], axis
 
     def value(k: Any) -> Any:
         out = term(*[table[k] for table in moved])
-        if present is None:
-            return out
-        return jnp.where(_expanded(present[k], out), out, identity)
+        return out if present is None else _masked(out, present[k], identity)
 
     first = value(0)
     # four instances a step: 1.5-2x faster than one on this body (docs/benchmarks.md)

@@ -63,6 +63,11 @@ INLINE_DEPTH = 3
 SCAN_ABOVE = 8
 
 
+def _head(key: tuple) -> Any:
+    """What groups merge by: sums (products) of any operands are one template."""
+    return key[0] if key[0] in ("sum", "prod") else key
+
+
 class _Unsupported(Exception):
     """A per-sample form the rule does not know: the kernel keeps its scalar body."""
 
@@ -92,15 +97,15 @@ def _dotted(node: ast.expr) -> str | None:
 
 
 def _chain(node: ast.expr, ops: tuple[type, ...],
-           inlined: dict[str, ast.expr]) -> list[tuple[ast.expr, bool]]:
+           names: Mapping[str, tuple[str, Any]]) -> list[tuple[ast.expr, bool]]:
     """Operands of a `+`/`-` (or `*`) chain with their signs, without recursion; through
     the statements inlined here (the emitter cuts long sums into statements)."""
     out: list[tuple[ast.expr, bool]] = []
     stack = [(node, False)]
     while stack:
         current, negative = stack.pop()
-        if isinstance(current, ast.Name) and current.id in inlined:
-            expanded = inlined[current.id]
+        if isinstance(current, ast.Name) and names.get(current.id, ("",))[0] == "inline":
+            expanded = names[current.id][1]
             if isinstance(expanded, ast.BinOp) and isinstance(expanded.op, ops):
                 current = expanded
         if isinstance(current, ast.BinOp) and isinstance(current.op, ops):
@@ -132,7 +137,6 @@ class _Builder:
         self.scalar_ids: dict[str, int] = {}
         self.names: dict[str, tuple[str, Any]] = {}   # local -> (kind, value)
         self.inline_depth: dict[str, int] = {}
-        self.inlined: dict[str, ast.expr] = {}
         #: (template, instance, row, level) of every computed row, outputs last
         self.members: list[tuple[tuple, Any, int, int]] = []
         self.outputs: set[int] = set()
@@ -209,9 +213,9 @@ class _Builder:
                 and node.value.id in self.data_names:
             return ROW, self._data_row(node), 0
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-            return self._reduction("sum", node, _chain(node, (ast.Add, ast.Sub), self.inlined))
+            return self._reduction("sum", node, _chain(node, (ast.Add, ast.Sub), self.names))
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            return self._reduction("prod", node, _chain(node, (ast.Mult,), self.inlined))
+            return self._reduction("prod", node, _chain(node, (ast.Mult,), self.names))
         if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
             return self._fixed(("bin", BINARY[type(node.op)]), node, [node.left, node.right])
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -279,7 +283,6 @@ class _Builder:
                          if isinstance(n, ast.Name)), default=0)
         if self.uses.get(name, 0) == 1 and depth <= INLINE_DEPTH:
             self.names[name] = ("inline", value)
-            self.inlined[name] = value
             self.inline_depth[name] = depth
             return None
         self.names[name] = ("row", self.member(value))
@@ -294,7 +297,7 @@ class _Builder:
             raise _Unsupported("a scalar where a row was expected")  # guarded by reads_rows
         row = self._new_row(level + 1)
         self.members.append((key, instance, row, level + 1))
-        self.heads.add((level + 1, key[0] if key[0] in ("sum", "prod") else key))
+        self.heads.add((level + 1, _head(key)))
         if len(self.heads) > self.max_groups:
             raise _Declined
         if output:
@@ -315,8 +318,7 @@ class _Builder:
         merged: dict[tuple[int, Any], list[tuple[tuple, Any, int]]] = defaultdict(list)
         for key, instance, row, level in self.members:
             level = last if row in self.outputs else level
-            head = key[0] if key[0] in ("sum", "prod") else key
-            merged[(level, head)].append((key, instance, row))
+            merged[(level, _head(key))].append((key, instance, row))
         groups: dict[tuple[int, tuple], list[tuple[Any, int]]] = {}
         for (level, head), members in merged.items():
             keys = {key for key, _, _ in members}
@@ -455,13 +457,14 @@ def parameter_shapes(paths: Sequence[tuple[Any, ...]],
 def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral],
               operations: int, min_shrink: float,
               parameter_shapes: Mapping[str, tuple[int, ...]] | None = None,
-              ) -> tuple[ast.Module, VectorizedBody] | None:
+              ) -> VectorizedBody | None:
     """The body as vector groups, when they and the scalar code left beside them hold
     `min_shrink` times fewer operations than the body's `operations`.
 
-    `hoisted` receives the index tables as const args (`_v0, _v1, …`, after the array
-    literals). Returns None, leaving `module` and `hoisted` untouched, when the body holds
-    a form the rule does not know or does not shrink enough.
+    Rewrites `module` in place; `hoisted` receives the index tables as const args (`_v0,
+    _v1, …`, after the array literals). Returns what it built, or None, leaving `module` and
+    `hoisted` untouched, when the body holds a form the rule does not know or does not
+    shrink enough.
     """
     rule = "vectorize"
     function = _function(module, rule)
@@ -502,7 +505,6 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     for _group, members in ordered:
         for _, row in members:
             positions[row] = len(positions) + 2
-    zero_rows = [builder.sources[k] for k in range(len(builder.sources))]
     arrays = sorted(builder.arrays, key=builder.arrays.get)
     offsets = np.cumsum([0] + [math.prod(builder.parameter_shapes[a]) for a in arrays])
     plain = 2 + len(builder.scalars)
@@ -510,13 +512,13 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     def scalar_position(entry: int | tuple[int, int]) -> int:
         return entry if isinstance(entry, int) else plain + int(offsets[entry[0]]) + entry[1]
 
-    emitter = _Emitter(positions, scalar_position, sum(1 for _ in hoisted))
+    emitter = _Emitter(positions, scalar_position, len(hoisted))
     levels: dict[int, list[str]] = defaultdict(list)
     lines = []
-    for (level, key), members in ordered:
+    for number, ((level, key), members) in enumerate(ordered):
         instances = np.empty(len(members), dtype=object)
         instances[:] = [instance for instance, _ in members]
-        name = f"_g{sum(len(v) for v in levels.values())}"
+        name = f"_g{number}"
         levels[level].append(name)
         expression = emitter.expression(key, instances)
         lines.extend((level, function) for function in emitter.functions)
@@ -540,7 +542,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     body.append(f"    return _R[{out_table}]")
     dtype_name = np.dtype(dtype).name
     scalar_list = ", ".join(ast.unparse(node) for node in builder.scalars)
-    row_list = ", ".join(ast.unparse(node) for node in zero_rows)
+    row_list = ", ".join(ast.unparse(node) for node in builder.sources)
     array_list = ", ".join(f"({a}, {builder.parameter_shapes[a]!r})" for a in arrays)
     body.append(f"_S = vec.scalars([{scalar_list}], [{array_list}], {dtype_name!r})")
     body.append(f"_R = vec.store([{row_list}], {dtype_name!r})")
@@ -562,5 +564,4 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     literal_count = sum(1 for a in function.args.args if a.arg.startswith("_k"))
     function.args.args[literal_count:literal_count] = [ast.arg(f"_v{n}") for n in names]
     function.body = prologue + generated
-    summary = VectorizedBody(len(lines), template_nodes, len(positions) + 2, len(levels))
-    return module, summary
+    return VectorizedBody(len(ordered), template_nodes, len(positions) + 2, len(levels))
