@@ -26,7 +26,7 @@ from symkern.errors import CodegenDriftError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 #: bump when the cached layout or any rule's output changes meaning
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: no pair sharing in bodies of <= 2,000 operations
 _lock = threading.Lock()
 
 

@@ -31,6 +31,11 @@ ARGUMENT_PREFIX = "_a"
 FUNCTION_PREFIX = "_f"
 #: common-subexpression names: `_c0`, `_c1`, ...
 CSE_PREFIX = "_c"
+#: CSE shares common sub-sums and sub-products (linearize's pair sharing) only in bodies of
+#: more operations than this, the size above which kernels compile in pieces or vectorized
+#: (batching.build.SPLIT_ABOVE_OPERATIONS): below it XLA fuses the expression as written
+#: better (double pendulum 24 -> 38 M samples/s, docs/benchmarks.md)
+SHARE_PAIRS_ABOVE_OPERATIONS = 2000
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,8 @@ def emit(
     # Piecewise is never entered, so no branch shares a value computed outside its gate.
     flat = [entry for leaf in leaves for entry in _entries(leaf)]
     with stopwatch.stage("cse"):
-        assignments, reduced = linearize(flat, cse=cse, symbols=sp.numbered_symbols(CSE_PREFIX))
+        assignments, reduced = linearize(flat, cse=cse, symbols=sp.numbered_symbols(CSE_PREFIX),
+                                         share_above=SHARE_PAIRS_ABOVE_OPERATIONS)
     with stopwatch.stage("emit"):
         return _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
                       user_functions)

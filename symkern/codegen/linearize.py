@@ -186,6 +186,17 @@ def count_operations(exprs: Sequence[sympy.Basic], *, dag: bool = False) -> int:
     3
     """
     d = _Dag(list(exprs))
+    own = _own_operations(d)
+    if dag:
+        return _dag_operations(d, own)
+    tree = [0] * len(d.nodes)
+    for nid, kids in enumerate(d.children):
+        tree[nid] = own[nid] + sum(tree[c] for c in kids)
+    return sum(tree[r] for r in d.roots)
+
+
+def _own_operations(d: _Dag) -> list[int]:
+    """Operations each node adds on its own: k - 1 for an Add/Mul of k args, else 1."""
     own = []
     for node, kids in zip(d.nodes, d.children, strict=True):
         if not kids:
@@ -194,20 +205,19 @@ def count_operations(exprs: Sequence[sympy.Basic], *, dag: bool = False) -> int:
             own.append(len(kids) - 1)
         else:
             own.append(1)
-    if dag:
-        # Each distinct node reachable from a root, once (children have smaller ids).
-        live = [False] * len(d.nodes)
-        for r in d.roots:
-            live[r] = True
-        for nid in range(len(d.nodes) - 1, -1, -1):
-            if live[nid]:
-                for c in d.children[nid]:
-                    live[c] = True
-        return sum(o for o, alive in zip(own, live, strict=True) if alive)
-    tree = [0] * len(d.nodes)
-    for nid, kids in enumerate(d.children):
-        tree[nid] = own[nid] + sum(tree[c] for c in kids)
-    return sum(tree[r] for r in d.roots)
+    return own
+
+
+def _dag_operations(d: _Dag, own: list[int]) -> int:
+    """Each distinct node reachable from a root, once (children have smaller ids)."""
+    live = [False] * len(d.nodes)
+    for r in d.roots:
+        live[r] = True
+    for nid in range(len(d.nodes) - 1, -1, -1):
+        if live[nid]:
+            for c in d.children[nid]:
+                live[c] = True
+    return sum(o for o, alive in zip(own, live, strict=True) if alive)
 
 
 def _references(dag: _Dag, order: list[int]) -> list[int]:
@@ -390,6 +400,7 @@ def linearize(
     max_depth: int = 50,
     symbols: Iterator[sympy.Symbol],
     opt: bool = True,
+    share_above: int = 0,
 ) -> tuple[list[tuple[sympy.Symbol, sympy.Basic]], list[sympy.Basic]]:
     """Break ``exprs`` into assignments whose right-hand sides are at most ``max_depth`` deep.
 
@@ -409,7 +420,11 @@ def linearize(
       ``a*b*c`` and ``a*b*d`` become ``t = a*b; t*c; t*d`` (greedy pair merging, the
       counterpart of ``sympy.cse``'s ``opt_cse`` pre-pass; 24-40% fewer operations on
       the n-link pendulum mass matrix and its Jacobian). Add/Mul with more than 64
-      args are not searched for sub-sums.
+      args are not searched for sub-sums. With ``share_above`` > 0 only expressions of
+      more than that many operations after CSE are searched: fewer operations is what
+      a large body's compile needs, but on a small one XLA fuses the expression as
+      written better than with the shared pairs (a double pendulum ran 1.6x faster
+      without them, docs/benchmarks.md).
     - Deterministic: names and order depend only on the expressions' structure and
       ``.args`` order, not on hash order.
     - Symbols drawn from ``symbols`` that occur in ``exprs`` are skipped.
@@ -458,7 +473,8 @@ def linearize(
 
     order = list(range(n))  # children before parents
     refs = _references(dag, order)
-    if cse and opt:
+    if cse and opt and (share_above <= 0
+                        or _dag_operations(dag, _own_operations(dag)) > share_above):
         order = _share_pairs(dag, refs)
         refs = _references(dag, order)
         _splice_single_use(dag, order, refs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -127,6 +128,33 @@ def test_opt_shares_sub_products_and_sub_sums():
     assert count_operations([r for _, r in plain[0]] + plain[1]) == 10
     _assert_same_values(X, exprs, cse=True, max_depth=50)
 
+
+
+def test_share_above_searches_pairs_only_in_larger_bodies():
+    a, b, c, d = X
+    exprs = [a * b * c, a * b * d, a + b + c + d, sp.sin(a + b + d)]
+    assert count_operations(exprs, dag=True) == 10
+    for share_above, shared in ((0, True), (9, True), (10, False), (2000, False)):
+        repl, reduced = linearize(exprs, cse=True, share_above=share_above,
+                                  symbols=sp.numbered_symbols("c"))
+        assert (a * b in [r for _, r in repl]) is shared, share_above
+        assert count_operations([r for _, r in repl] + reduced) == (7 if shared else 10)
+
+
+def test_emit_keeps_small_bodies_as_written_and_shares_pairs_in_large_ones():
+    from symkern.codegen import emit as emit_module
+    from symkern.symbolic.arguments import data_argument, equation_set
+
+    a, b, c, d = X
+    small = [a * b * c, a * b * d]
+    source = emit_module.emit(equation_set(sp.Matrix(small)), [data_argument(list(X), 1)]).source
+    assert "_c0" not in source  # a*b is not hoisted: nothing else repeats
+    # the same two products repeated with enough distinct terms to pass the threshold
+    terms = [sp.sin(k * a) for k in range(1, emit_module.SHARE_PAIRS_ABOVE_OPERATIONS // 2)]
+    large = [a * b * c + sum(terms), a * b * d + sum(terms)]
+    assert count_operations(large, dag=True) > emit_module.SHARE_PAIRS_ABOVE_OPERATIONS
+    source = emit_module.emit(equation_set(sp.Matrix(large)), [data_argument(list(X), 1)]).source
+    assert re.search(r"^\s*_c\d+ = _a0\[0\]\*_a0\[1\]$", source, re.M), source[:400]
 
 def test_pendulum_mass_matrix_jacobian():
     from sympy.physics.mechanics import models
