@@ -32,9 +32,15 @@ def _fmt_rate(v: float | None) -> str:
     return f"{v / 1e3:.3g} k"
 
 
+def _mark(result: dict) -> str:
+    """† on a throughput from the tool's own process where its workload's tools were
+    otherwise timed interleaved (compare.py leaves out very slow builds and calls)."""
+    return "†" if result.get("throughput_source") == "isolated" else ""
+
+
 def _cell(result: dict) -> str:
     if _ok(result):
-        return f"{_fmt_rate(result['throughput'])} ({result['build_s']:.2g} s)"
+        return f"{_fmt_rate(result['throughput'])}{_mark(result)} ({result['build_s']:.2g} s)"
     status = result.get("status", "–") if result else "–"
     reason = (result or {}).get("reason", "")
     short = "OOM-risk skip" if "memory" in reason and status == "skipped" else status
@@ -62,8 +68,12 @@ def tables(data: dict) -> str:
     lines: list[str] = []
     cfg = data["config"]
     v = data["versions"]
+    timed = (f"median of {cfg['rounds']} rounds in which one process calls every tool of the "
+             f"workload in turn, after a warm-up; † a tool's own process, median of "
+             f"{cfg['repeats']} calls" if "rounds" in cfg else
+             f"median of {cfg['repeats']} calls after a warm-up")
     lines.append(f"Profile `{data['profile']}`, batch {cfg['batch']:,} for throughput "
-                 f"(median of {cfg['repeats']} calls after a warm-up), batch {cfg['build_batch']} for the "
+                 f"({timed}), batch {cfg['build_batch']} for the "
                  f"build to a first result; {data['machine']['cpus']} CPUs, {data['machine']['platform']}; "
                  f"jax {v.get('jax')}, sympy {v.get('sympy')}, symengine {v.get('symengine')}, "
                  f"sympy2jax {v.get('sympy2jax')}. JAX tools compute in float32, numpy and symengine in "
@@ -82,8 +92,9 @@ def tables(data: dict) -> str:
         build_ratio = f"{sk['build_s'] / lj:.2f}×" if _ok(sk) and lj else "–"
         copy = entry.get("copy_equivalent_throughput")
         copy_frac = f"{sk['throughput'] / copy:.2g}×" if _ok(sk) and copy else "–"
+        mark = _mark(entry["tools"].get(tool, {})) if tool else ""
         lines.append(f"| {name} | {entry.get('ops', '?')} ({entry.get('dag_ops', '?')}) | "
-                     f"{_cell(sk) if sk else '–'} | {tool or '–'} {_fmt_rate(rate)} | {ratio} | "
+                     f"{_cell(sk) if sk else '–'} | {tool or '–'} {_fmt_rate(rate)}{mark} | {ratio} | "
                      f"{build_ratio} | {copy_frac} |")
     lines.append("")
     lines.append("Targets: throughput ≥ 1.0× the best anchor on every workload; memory-bound "

@@ -42,6 +42,38 @@ def test_quick_profile_has_every_tool_and_workload(quick_results: dict) -> None:
         assert symkern["recompiles_on_new_params"] == 0
         assert symkern["throughput"] > 0 and symkern["hlo_chars"] > 0
         assert entry["copy_equivalent_throughput"] > 0
+        _assert_interleaved(entry, compare.QUICK["rounds"])
+
+
+def _assert_interleaved(entry: dict, rounds: int) -> None:
+    """Every tool that measured fine was timed in the interleaved rounds: `throughput` is
+    that median, the tool's own process's median is kept beside it."""
+    import statistics
+
+    assert entry["interleaved"]["rounds"] == rounds
+    for result in entry["tools"].values():
+        if result["status"] != "ok":
+            continue
+        assert result["throughput_source"] == "interleaved"
+        times = result["interleaved_times_s"]
+        assert len(times) == rounds and result["throughput_isolated"] > 0
+        assert result["throughput"] == pytest.approx(entry["interleaved"]["batch"]
+                                                     / statistics.median(times), rel=1e-3)
+
+
+def test_full_profile_interleaves_the_tools_of_a_workload(tmp_path: Path) -> None:
+    """The full profile's path: a process per tool, then one process timing them in turn."""
+    out = tmp_path / "full.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--workloads", "net-2-3-2",
+               "--tools", "symkern,jax-hand,symengine", "--batch", "5000", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import compare
+
+    entry = json.loads(out.read_text())["workloads"]["net-2-3-2"]
+    assert "interleaved (15 rounds)" in proc.stdout
+    assert entry["tools"]["symkern"]["status"] == "ok"
+    _assert_interleaved(entry, compare.FULL["rounds"])
 
 
 def test_skipped_tools_say_why(quick_results: dict) -> None:
