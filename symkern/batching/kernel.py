@@ -30,7 +30,12 @@ FUSED_UP_TO = 1024
 #: from this many samples a kernel whose outputs need assembling times one executable
 #: against two (entries, then assembly) once, and keeps the faster (Kernel._probe)
 PROBE_FROM = 64
+#: the probe times both at least PROBE_ROUNDS times, and more (up to PROBE_MAX_ROUNDS)
+#: until PROBE_SECONDS have passed: a sub-millisecond kernel's best of three flipped its
+#: choice between runs on a shared machine (0.55 vs 1.0 ms at 100k samples)
 PROBE_ROUNDS = 3
+PROBE_MAX_ROUNDS = 25
+PROBE_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,11 @@ class Kernel:
         self._direct = jax.jit(_weak_method(self, "_evaluate_arguments"))
         self._direct_shapes: set[tuple[int, ...]] = set()
         self._direct_signatures: set[tuple] = set()
+        # The same for shapes that run separately: the entries' executable takes the
+        # call's arguments as they came, then the assembly executable runs.
+        self._direct_entries = jax.jit(_weak_method(self, "_compute_arguments"))
+        self._separate_shapes: set[tuple[int, ...]] = set()
+        self._entries_signatures: set[tuple] = set()
         self._needs_assembly = any(self.equations.shapes)
         #: how batches of PROBE_FROM samples or more are assembled: "fused" (one
         #: executable), "separate" (entries, then assembly), None until first measured
@@ -240,17 +250,27 @@ class Kernel:
         nothing on repeated calls; a failing check raises the same error as the checked
         path. A new x64 setting is a new signature too, so the dtype policy holds.
         """
+        data, parameter_leaves = self._checked_arguments(args, self._direct_signatures)
+        return self._evaluate(const_args, data, parameter_leaves)
+
+    def _compute_arguments(self, const_args: tuple, args: tuple) -> tuple:
+        """`_evaluate_arguments` for shapes that run separately: the entries only."""
+        data, parameter_leaves = self._checked_arguments(args, self._entries_signatures)
+        return self._compute(const_args, data, parameter_leaves)
+
+    def _checked_arguments(self, args: tuple, signatures: set) -> tuple[tuple, tuple]:
         _, data, parameter_leaves = self._prepare(args)
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        self._direct_signatures.add((treedef, tuple(
+        signatures.add((treedef, tuple(
             (tuple(a.shape), str(a.dtype), bool(getattr(a, "aval", a).weak_type))
             for a in leaves)))
-        return self._evaluate(const_args, data, parameter_leaves)
+        return data, parameter_leaves
 
     @property
     def compilations(self) -> int:
         """Programs compiled for top-level calls: one per batch shape and argument dtype."""
-        return self._compilations + len(self._direct_signatures)
+        return (self._compilations + len(self._direct_signatures)
+                + len(self._entries_signatures))
 
     def _batch_shape_of(self, data: Sequence[Any]) -> tuple[int, ...]:
         if not data:
@@ -396,7 +416,7 @@ class Kernel:
             fused = self.assembly == "fused"
         if fused:
             return self._execute_fused(prepared, batch_shape, raw)
-        return self._execute_separate(prepared, batch_shape)
+        return self._execute_separate(prepared, batch_shape, raw)
 
     def _runs_fused(self, size: int) -> bool | None:
         """Whether a batch of `size` samples runs as one executable; None: not measured yet.
@@ -429,8 +449,19 @@ class Kernel:
                                counted=False)
         return self._direct(const_values, args)
 
-    def _execute_separate(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
+    def _execute_separate(self, prepared: tuple, batch_shape: tuple[int, ...],
+                          raw: tuple | None = None, register: bool = True) -> Any:
         """The entries' executable, then the assembly executable."""
+        const_values, data, _ = prepared
+        if raw is not None and _jit_takes(raw):
+            # as _execute_fused: the call's own arguments, so that repeating it skips the
+            # checks (the direct path of separate shapes, __call__)
+            self._note_compilation(self._direct_entries, ("entries", batch_shape, "raw"),
+                                   (const_values, raw), counted=False)
+            entries = self._direct_entries(const_values, raw)
+            if register:
+                self._separate_shapes.add(tuple(data[0].shape))
+            return self._assemble_jitted(entries)
         self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
         return self._assemble_jitted(self._compute_jitted(*prepared))
 
@@ -445,19 +476,24 @@ class Kernel:
         """
         start = time.perf_counter()
         runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),
-                "separate": lambda: self._execute_separate(prepared, batch_shape)}
+                "separate": lambda: self._execute_separate(prepared, batch_shape, raw,
+                                                           register=False)}
         best = {name: float("inf") for name in runs}
         result = None
         for run in runs.values():  # compile and warm up
             result = jax.block_until_ready(run())
-        for _ in range(PROBE_ROUNDS):
+        timed_from = time.perf_counter()
+        for rounds in range(1, PROBE_MAX_ROUNDS + 1):
             for name, run in runs.items():
                 began = time.perf_counter()
                 result = jax.block_until_ready(run())
                 best[name] = min(best[name], time.perf_counter() - began)
+            if rounds >= PROBE_ROUNDS and time.perf_counter() - timed_from >= PROBE_SECONDS:
+                break
         self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
-        if self.assembly == "fused" and raw is not None and _jit_takes(raw):
-            self._direct_shapes.add(tuple(prepared[1][0].shape))
+        if raw is not None and _jit_takes(raw):
+            shapes = self._direct_shapes if self.assembly == "fused" else self._separate_shapes
+            shapes.add(tuple(prepared[1][0].shape))
         self.timings["assembly_probe"] = time.perf_counter() - start
         return result
 
@@ -487,8 +523,18 @@ class Kernel:
             lambda leaf: jax.device_put(np.asarray(leaf)[:n].reshape(batch_shape + leaf.shape[1:])),
             result)
 
-    def __call__(self, *args: Any) -> Any:
+    def _call_direct(self, args: tuple) -> Any:
+        """The direct path (call_direct) of a shape that ran fused or separately before."""
         result = call_direct(self._direct, self._direct_shapes, self._const_values, args)
+        if result is NOT_TAKEN and self._separate_shapes:
+            result = call_direct(self._direct_entries, self._separate_shapes,
+                                 self._const_values, args)
+            if result is not NOT_TAKEN:
+                return self._assemble_jitted(result)
+        return result
+
+    def __call__(self, *args: Any) -> Any:
+        result = self._call_direct(args)
         if result is not NOT_TAKEN:
             return result
         return self._run(self._prepare(args), args)
@@ -581,8 +627,7 @@ class BoundKernel:
     def __call__(self, *data: Any) -> Any:
         kernel = self.kernel
         if data:
-            result = call_direct(kernel._direct, kernel._direct_shapes, kernel._const_values,
-                                 data + self._tail)
+            result = kernel._call_direct(data + self._tail)
             if result is not NOT_TAKEN:
                 return result
         check_dtype_policy(kernel.dtype)

@@ -50,7 +50,8 @@ def test_a_sweep_of_batch_sizes_compiles_once_per_bucket(compile_events, assembl
     # 1000..1003 exactly, then 1004..1100 fall into buckets 1024 and 1152
     assert kernel.compilations == EXACT_SHAPES + 2
     kernel_events = [name for name in compile_events if name in (
-        "jit(_evaluate_arguments)", "jit(_compute)", "jit(_assemble)")]
+        "jit(_evaluate_arguments)", "jit(_compute)", "jit(_compute_arguments)",
+        "jit(_assemble)")]
     # per exact size and bucket: one executable fused, two (entries, assembly) separate
     assert len(kernel_events) == (EXACT_SHAPES + 2) * executables
 

@@ -165,3 +165,56 @@ def test_any_sequence_of_calls_gives_the_reference(calls):
         np.testing.assert_allclose(out, expected, rtol=1e-14, atol=1e-14)
     # one program per batch shape and argument signature, never one per call
     assert kernel.compilations <= 3 * 5 * 3
+
+
+def separate_kernel():
+    """A kernel that runs batches of PROBE_FROM samples or more as two executables."""
+    kernel = build()
+    kernel.assembly = "separate"  # as if measured (Kernel._probe)
+    return kernel
+
+
+def test_separate_shapes_take_the_direct_path_too(monkeypatch):
+    kernel = separate_kernel()
+    rng = np.random.default_rng(1)
+    X, Y = rng.normal(size=(100, 2)), rng.normal(size=(100, 1))
+    np.testing.assert_allclose(kernel(X, Y, PS), reference(X, Y, PS), rtol=1e-14)
+    assert (100, 2) in kernel._separate_shapes and (100, 2) not in kernel._direct_shapes
+    calls = counting_prepare(kernel, monkeypatch)
+    ps = {"a": -1.5, "W": PS["W"] + 1.0}
+    for _ in range(3):
+        np.testing.assert_allclose(kernel(X, Y, ps), reference(X, Y, ps), rtol=1e-14)
+    assert calls == []  # neither checked nor traced again: new values, same signature
+    assert kernel.compilations == 1
+    bound = kernel.bind(PS)  # device-resident leaves: a new signature, traced once
+    for _ in range(2):
+        np.testing.assert_allclose(bound(X, Y), reference(X, Y, PS), rtol=1e-14)
+    assert calls == [3] and kernel.compilations == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    ((np.ones((100, 2)), np.ones((100, 1)), {"a": 2.0, "W": np.ones((3, 3))}),
+     r'ps\["W"\]: expected shape \(2, 2\), got \(3, 3\)'),
+    ((np.ones((100, 2)), np.ones((99, 1)), PS), r"batch shape \(99,\) differs"),
+    ((np.ones((100, 2)), np.ones((100, 1))), r"expected 3 argument\(s\)"),
+    ((np.ones((100, 2)), np.ones((100, 1)), {"a": "2", "W": PS["W"]}), "expected real numbers"),
+])
+def test_the_separate_direct_path_rejects_what_the_checked_path_rejects(args, message):
+    kernel = separate_kernel()
+    kernel(np.ones((100, 2)), np.ones((100, 1)), PS)
+    assert (100, 2) in kernel._separate_shapes
+    with pytest.raises(ArgumentError, match=message) as direct:
+        kernel(*args)
+    with pytest.raises(ArgumentError, match=message) as checked:
+        separate_kernel()(*args)
+    assert str(direct.value) == str(checked.value)
+
+
+def test_the_probe_registers_the_shape_with_the_assembly_it_chose():
+    kernel = build()
+    X, Y = np.ones((100, 2)), np.ones((100, 1))
+    kernel(X, Y, PS)  # the first call of >= PROBE_FROM samples measures both
+    chosen = kernel._direct_shapes if kernel.assembly == "fused" else kernel._separate_shapes
+    other = kernel._separate_shapes if kernel.assembly == "fused" else kernel._direct_shapes
+    assert (100, 2) in chosen and (100, 2) not in other
+    np.testing.assert_allclose(kernel(X, Y, PS), reference(X, Y, PS), rtol=1e-14)
