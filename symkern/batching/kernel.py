@@ -30,6 +30,12 @@ FUSED_UP_TO = 1024
 #: from this many samples a kernel whose outputs need assembling times one executable
 #: against two (entries, then assembly) once, and keeps the faster (Kernel._probe)
 PROBE_FROM = 64
+#: the assembly executable stacks a leaf of at most this many entries along a new leading
+#: axis and moves it last (a transpose), wider leaves along the last axis: from materialized
+#: entries at 100k samples, 2 / 4 / 8 entries took 0.08 / 0.12 / 0.12 ms transposed and
+#: 0.29 / 0.24 / 0.37 ms stacked last, but 10 / 16 entries 2.6 / 4.8 ms transposed
+#: against 1.0 / 0.5 ms (docs/benchmarks.md)
+TRANSPOSED_ASSEMBLY_UP_TO = 8
 #: the probe times both at least PROBE_ROUNDS times, and more (up to PROBE_MAX_ROUNDS)
 #: until PROBE_SECONDS have passed: a sub-millisecond kernel's best of three flipped its
 #: choice between runs on a shared machine (0.55 vs 1.0 ms at 100k samples)
@@ -159,7 +165,7 @@ class Kernel:
         # Top-level calls run the entries and their assembly as two executables: stacking
         # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
         self._compute_jitted = jax.jit(_weak_method(self, "_compute"))
-        self._assemble_jitted = jax.jit(_weak_method(self, "_assemble"))
+        self._assemble_jitted = jax.jit(_weak_method(self, "_assemble_entries"))
         # The direct path: `kernel(*args)` handed to one jit as it came. Its checks run at
         # trace time, once per argument signature, so a repeated call costs what calling
         # a jitted function costs (issue 8, benchmarks/dispatch.py). Only shapes the
@@ -228,17 +234,29 @@ class Kernel:
         return tuple(jnp.broadcast_to(jnp.asarray(entry, self.dtype), batch_shape)
                      for entry in self._function(*arguments))
 
-    def _assemble(self, entries: tuple) -> Any:
-        """Entries → the equations' structure, each array leaf shaped `batch + its shape`."""
+    def _assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
+        """Entries → the equations' structure, each array leaf shaped `batch + its shape`.
+
+        A leaf of at most `transpose_up_to` entries is stacked along a new leading axis,
+        which is then moved last; the others are stacked along the last axis.
+        """
         batch_shape = tuple(np.shape(entries[0]))
         leaves, start = [], 0
         for shape in self.equations.shapes:
             count = int(np.prod(shape, dtype=int))
             chunk = entries[start:start + count]
             start += count
-            leaves.append(jnp.stack(chunk, axis=-1).reshape(batch_shape + tuple(shape))
-                          if shape else chunk[0])
+            if not shape:
+                leaves.append(chunk[0])
+                continue
+            stacked = (jnp.moveaxis(jnp.stack(chunk), 0, -1) if count <= transpose_up_to
+                       else jnp.stack(chunk, axis=-1))
+            leaves.append(stacked.reshape(batch_shape + tuple(shape)))
         return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
+
+    def _assemble_entries(self, entries: tuple) -> Any:
+        """The assembly executable's function: entries already materialized."""
+        return self._assemble(entries, TRANSPOSED_ASSEMBLY_UP_TO)
 
     def _evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
         return self._assemble(self._compute(const_args, data, parameter_leaves))

@@ -97,3 +97,38 @@ def test_the_flat_form_follows_the_choice(choice):
     X = np.random.default_rng(3).normal(size=(500, 2))
     flat = kernel.flat()
     assert_reference(flat(X, kernel.flatten({"a": 1.25})), X, 1.25)
+
+
+# leaves on both sides of TRANSPOSED_ASSEMBLY_UP_TO entries (a scalar, 2, 4, 9 and 16)
+_SYMBOLS = sp.symbols("y0:31")
+WIDE = {"s": _SYMBOLS[0], "v": sp.Matrix(_SYMBOLS[1:3]), "m": sp.Matrix(2, 2, _SYMBOLS[3:7]),
+        "n": sp.Matrix(3, 3, _SYMBOLS[7:16]), "w": sp.Matrix(4, 4, [*_SYMBOLS[16:31], x0])}
+
+
+@settings(max_examples=15, deadline=None)
+@given(batch=st.lists(st.integers(1, 7), min_size=0, max_size=3), seed=st.integers(0, 2**16))
+def test_both_stackings_of_the_assembly_agree_with_numpy(batch, seed):
+    from symkern.batching.kernel import TRANSPOSED_ASSEMBLY_UP_TO
+
+    kernel = WIDE_KERNEL
+    entries = tuple(np.random.default_rng(seed).normal(size=(32,) + tuple(batch)))
+    assert [np.prod(shape, dtype=int) for shape in kernel.equations.shapes] == [4, 9, 1, 2, 16]
+    leaves, start = [], 0
+    for shape in kernel.equations.shapes:  # the tree's leaf order: m, n, s, v, w
+        count = int(np.prod(shape, dtype=int))
+        chunk = entries[start:start + count]
+        leaves.append(np.stack(chunk, axis=-1).reshape(tuple(batch) + tuple(shape))
+                      if shape else chunk[0])
+        start += count
+    want = dict(zip("mnsvw", leaves, strict=True))
+    for transpose_up_to in (0, TRANSPOSED_ASSEMBLY_UP_TO, 99):
+        got = kernel._assemble(entries, transpose_up_to)
+        for key, value in want.items():
+            assert np.shape(got[key]) == np.shape(value)
+            np.testing.assert_array_equal(got[key], value)
+    got = kernel._assemble_jitted(entries)  # the assembly executable's choice
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
+
+
+WIDE_KERNEL = sk.build_function(WIDE, list(_SYMBOLS) + [x0], dtype="float64")

@@ -51,7 +51,7 @@ def test_a_sweep_of_batch_sizes_compiles_once_per_bucket(compile_events, assembl
     assert kernel.compilations == EXACT_SHAPES + 2
     kernel_events = [name for name in compile_events if name in (
         "jit(_evaluate_arguments)", "jit(_compute)", "jit(_compute_arguments)",
-        "jit(_assemble)")]
+        "jit(_assemble_entries)")]
     # per exact size and bucket: one executable fused, two (entries, assembly) separate
     assert len(kernel_events) == (EXACT_SHAPES + 2) * executables
 
