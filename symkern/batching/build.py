@@ -120,14 +120,15 @@ def _split_program(generated, functions, data, dtype, const_count,
 
 
 def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_max_bytes, dtype,
-                     vectorize, stopwatch):
+                     vectorize, split, stopwatch):
     """Stages 1 and 2, through the on-disk cache when `symkern.enable_cache` is on.
 
     Returns the generated code and its cache key (None without the cache).
     """
     def run() -> Any:
         generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
-                             embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch)
+                             embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch,
+                             share_pairs=split)
         return _vectorized(generated, vectorize, dtype, arguments[data_count:], stopwatch)
 
     cache = active_cache()
@@ -135,7 +136,8 @@ def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_
         return run(), None
     start = time.perf_counter()
     options = {"cse": cse, "functions": sorted(functions or {}), "embed_max_bytes": embed_max_bytes,
-               "dtype": np.dtype(dtype).name, "data_count": data_count, "vectorize": vectorize}
+               "dtype": np.dtype(dtype).name, "data_count": data_count, "vectorize": vectorize,
+               "split": split}
     key = cache_key(equations, arguments, options, library_versions())
     cached = cache.get(key)
     if cached is not None:
@@ -156,6 +158,7 @@ def build_function(
     functions: Mapping[str, Callable] | None = None,
     progress: bool | None = None,
     vectorize: bool | None = None,
+    split: bool = True,
 ) -> Kernel:
     """Compile SymPy equations into a batched kernel.
 
@@ -169,6 +172,10 @@ def build_function(
     one expression per template, symkern.codegen.vectorize): None (default) does so for
     bodies above VECTORIZE_ABOVE_OPERATIONS operations when it shrinks them
     VECTORIZE_MIN_SHRINK-fold, True always (BuildError when the body cannot be), False never.
+    `split=True` (default) compiles a scalar body above SPLIT_ABOVE_OPERATIONS as pieces,
+    a fast build whose live values cross pieces through memory; `split=False` compiles it
+    as one executable, without merging common sub-sums in CSE: a slower build, the faster
+    kernel (with `vectorize=False` for the scalar body; docs/scaling.md).
 
     >>> import sympy as sp
     >>> x0, x1, a = sp.symbols("x0 x1 a")
@@ -180,6 +187,8 @@ def build_function(
         raise BuildError(f"cse: expected True or False, got {cse!r}")
     if vectorize not in (None, True, False):
         raise BuildError(f"vectorize: expected None, True or False, got {vectorize!r}")
+    if not isinstance(split, bool):
+        raise BuildError(f"split: expected True or False, got {split!r}")
     if not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
         raise BuildError(f"embed_max_bytes: expected a non-negative int, got {embed_max_bytes!r}")
     functions = dict(functions or {})
@@ -197,7 +206,7 @@ def build_function(
     generated, cache_key = _generate_cached(equations, data + parameters, len(data), cse=cse,
                                             functions=functions, embed_max_bytes=embed_max_bytes,
                                             dtype=resolved_dtype, vectorize=vectorize,
-                                            stopwatch=stopwatch)
+                                            split=split, stopwatch=stopwatch)
     namespace_functions: dict[str, Callable] = {}
     captured = []
     if functions:
@@ -220,11 +229,11 @@ def build_function(
     ]
     warn_if_large(const_args)
     with stopwatch.stage("python_compile"):
-        split = _split_program(generated, namespace_functions, data, resolved_dtype,
-                               len(const_args), cache_key)
+        pieces = (_split_program(generated, namespace_functions, data, resolved_dtype,
+                                 len(const_args), cache_key) if split else None)
         # a split kernel's whole body serves traced calls only: compiled when one comes
         function = (compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
-                    if split is None else
+                    if pieces is None else
                     LazyKernelFunction(generated.module, namespace_functions, "<symkern kernel>"))
     timings = dict(stopwatch.timings)
     timings["build"] = time.perf_counter() - start
@@ -232,7 +241,7 @@ def build_function(
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
                                 params is not None)
     kernel = Kernel(generated, function, signature, equations, timings, tuple(const_args),
-                    progress, split)
+                    progress, pieces)
     if is_vectorized(generated.module):
         # its entries are rows of one array: stacking them inside the program is a transpose,
         # as fast as two executables (10^5 ops: 1.84 vs 1.76 s at 100k, 13.0 vs 13.2 ms at
@@ -262,5 +271,10 @@ def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Ke
 
         options.pop("functions", None)
         options.pop("progress", None)
+        for option, default in (("vectorize", None), ("split", True)):  # scalar bodies only
+            if options.pop(option, default) is not default:
+                raise BuildError(f"{option}: a network with a layer above 64 weights compiles "
+                                 "as an array program (StructuredNetwork), where this option "
+                                 "has no meaning; leave it out")
         return build_structured_function(eqs, snn, *more_data, **options)
     return build_function(eqs, snn.input, *more_data, params=snn.params, **options)

@@ -174,11 +174,13 @@ def emit(
     cse: bool = True,
     functions: Mapping[str, object] | None = None,
     stopwatch: Stopwatch | None = None,
+    share_pairs: bool = True,
 ) -> EmittedCode:
     """Print the per-sample function for `equations`, one positional argument per spec.
 
     User symbols are replaced by generated names before printing, so nothing a user
-    named ever becomes code.
+    named ever becomes code. `share_pairs=False` keeps CSE from merging common sub-sums
+    and sub-products at any size (a body compiled as one executable, `split=False`).
 
     >>> from symkern.symbolic.arguments import data_argument, equation_set
     >>> x, y = sp.symbols("x y")
@@ -208,6 +210,7 @@ def emit(
     flat = [entry for leaf in leaves for entry in _entries(leaf)]
     with stopwatch.stage("cse"):
         assignments, reduced = linearize(flat, cse=cse, symbols=sp.numbered_symbols(CSE_PREFIX),
+                                         opt=share_pairs,
                                          share_above=SHARE_PAIRS_ABOVE_OPERATIONS)
     with stopwatch.stage("emit"):
         return _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,

@@ -93,10 +93,12 @@ def generate(
     embed_max_bytes: int = 32,
     dtype: np.dtype = FLOAT32,
     stopwatch: Stopwatch | None = None,
+    share_pairs: bool = True,
 ) -> GeneratedCode:
     """Emit the per-sample code for `equations`, then apply every rule in order."""
     stopwatch = stopwatch or Stopwatch(progress=False)
-    emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch)
+    emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch,
+                   share_pairs=share_pairs)
     hoisted: list[rules.HoistedLiteral] = []
     with stopwatch.stage("rewrite"):
         module = ast.parse(emitted.source)  # the rules rewrite their own copy

@@ -190,3 +190,53 @@ def test_exceeds_operations_agrees_with_the_count(limit):
 
     tree = ast.parse("a * jnp.sin(b) + -c")  # four operations
     assert exceeds_operations(tree, limit) == (operation_count(tree) > limit)
+
+
+def test_split_false_compiles_a_large_body_as_one_executable_without_merged_pairs(tmp_path):
+    import jax
+    import numpy as np
+    import sympy as sp
+
+    import symkern as sk
+    from symkern.errors import BuildError
+
+    xs = sp.symbols("x0:4")
+    a = sp.Symbol("a")
+    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(600)])
+    eqs = sp.Matrix([expr, xs[0] * a])
+    sk.enable_cache(tmp_path)  # split is part of the generated code's cache key
+    try:
+        kernels = {split: sk.build_function(eqs, xs, params={"a": a}, dtype="float64",
+                                            progress=False, vectorize=False, split=split)
+                   for split in (True, False)}
+        again = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", progress=False,
+                                  vectorize=False, split=False)
+    finally:
+        sk.disable_cache()
+    assert "cache_load" not in kernels[False].timings and "cache_load" in again.timings
+    assert kernels[True]._pieces is not None and kernels[False]._pieces is None
+    # the pieces' body shares the products a*x_k that 150 terms each hold; one executable
+    # keeps the terms as written (XLA fuses them better, docs/benchmarks.md)
+    ops = {split: operation_count(k._generated.module) for split, k in kernels.items()}
+    assert ops[False] > ops[True] + 100, ops
+    X = np.random.default_rng(0).uniform(-1, 1, size=(7, 4))
+    reference = np.stack(sp.lambdify([xs, a], [expr, xs[0] * a], "numpy")(X.T, 1.5), -1)
+    for kernel in (*kernels.values(), again):
+        np.testing.assert_allclose(kernel(X, {"a": 1.5}), reference, rtol=1e-10)
+    grad = jax.grad(lambda p: kernels[False](X, p).sum())({"a": 1.5})
+    np.testing.assert_allclose(grad["a"], np.sum(reference) / 1.5, rtol=1e-10)
+    with pytest.raises(BuildError, match="split: expected True or False, got 'no'"):
+        sk.build_function(eqs, xs, params={"a": a}, split="no")
+
+
+def test_scalar_body_options_on_a_structured_network_are_refused():
+    import symkern as sk
+    from symkern.errors import BuildError
+    from symkern.symbolic import Chain, Dense, SymbolicNetwork
+
+    snn = SymbolicNetwork(Chain(Dense(2, 40, "tanh"), Dense(40, 1)))  # 80 weights: structured
+    assert getattr(snn, "structured", False)
+    assert sk.build_nn_function(snn.output, snn, vectorize=None, split=True) is not None
+    for option, value in (("vectorize", True), ("vectorize", False), ("split", False)):
+        with pytest.raises(BuildError, match=f"{option}: a network with a layer above 64"):
+            sk.build_nn_function(snn.output, snn, **{option: value})

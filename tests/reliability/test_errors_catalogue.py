@@ -377,3 +377,19 @@ def test_capturedconstantswarning(monkeypatch):
         warnings.simplefilter("error")
         sk.build_function(first(sp.Array([0.5 + k for k in range(16)]), x0), x0, dtype="float64",
                           functions={"first": lambda t, v: t[0] * v})
+
+
+@pytest.mark.parametrize("option, pattern", [
+    ({"split": "no"}, "split: expected True or False, got 'no'"),
+    ({"vectorize": False}, "vectorize: a network with a layer above 64 weights compiles as an "
+                           "array program"),
+])
+def test_builderror_split(option, pattern):
+    from symkern.symbolic import Chain, Dense, SymbolicNetwork
+
+    if "split" in option:
+        call = lambda: sk.build_function(x0 * a, [x0], params={"a": a}, **option)  # noqa: E731
+    else:
+        snn = SymbolicNetwork(Chain(Dense(2, 40, "tanh"), Dense(40, 1)))
+        call = lambda: sk.build_nn_function(snn.output, snn, **option)  # noqa: E731
+    _check("builderror-split", sk.BuildError, pattern, call)
