@@ -446,19 +446,32 @@ class Kernel:
             return True
         return None if self.assembly is None else self.assembly == "fused"
 
+    def _run_raw(self, jitted: Any, kind: str, shapes: set, prepared: tuple,
+                 batch_shape: tuple[int, ...], raw: tuple | None, register: bool) -> Any:
+        """`jitted(const_values, raw)` on the call's own arguments, or NOT_TAKEN.
+
+        Compiled for the signature of `raw` (a Python float stays weakly typed), so that
+        repeating the call takes the direct path (`__call__`), to which `register` adds
+        the shape of `raw`'s first data argument.
+        """
+        if raw is None or not _jit_takes(raw):
+            return NOT_TAKEN
+        const_values, data, _ = prepared
+        self._note_compilation(jitted, (kind, batch_shape, "raw"), (const_values, raw),
+                               counted=False)
+        result = jitted(const_values, raw)
+        if register:
+            shapes.add(tuple(data[0].shape))
+        return result
+
     def _execute_fused(self, prepared: tuple, batch_shape: tuple[int, ...],
                        raw: tuple | None, register: bool = True) -> Any:
         """Entries and their assembly in one executable (the direct path's function)."""
-        const_values, data, parameter_leaves = prepared
-        if raw is not None and _jit_takes(raw):
-            # the call's own arguments, so that repeating it takes the direct path
-            # with the signature compiled here (a Python float stays weakly typed)
-            self._note_compilation(self._direct, ("fused", batch_shape, "raw"),
-                                   (const_values, raw), counted=False)
-            result = self._direct(const_values, raw)
-            if register:
-                self._direct_shapes.add(tuple(data[0].shape))
+        result = self._run_raw(self._direct, "fused", self._direct_shapes, prepared,
+                               batch_shape, raw, register)
+        if result is not NOT_TAKEN:
             return result
+        const_values, data, parameter_leaves = prepared
         args = data
         if self.signature.has_parameters:
             args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
@@ -470,18 +483,12 @@ class Kernel:
     def _execute_separate(self, prepared: tuple, batch_shape: tuple[int, ...],
                           raw: tuple | None = None, register: bool = True) -> Any:
         """The entries' executable, then the assembly executable."""
-        const_values, data, _ = prepared
-        if raw is not None and _jit_takes(raw):
-            # as _execute_fused: the call's own arguments, so that repeating it skips the
-            # checks (the direct path of separate shapes, __call__)
-            self._note_compilation(self._direct_entries, ("entries", batch_shape, "raw"),
-                                   (const_values, raw), counted=False)
-            entries = self._direct_entries(const_values, raw)
-            if register:
-                self._separate_shapes.add(tuple(data[0].shape))
-            return self._assemble_jitted(entries)
-        self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
-        return self._assemble_jitted(self._compute_jitted(*prepared))
+        entries = self._run_raw(self._direct_entries, "entries", self._separate_shapes,
+                                prepared, batch_shape, raw, register)
+        if entries is NOT_TAKEN:
+            self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
+            entries = self._compute_jitted(*prepared)
+        return self._assemble_jitted(entries)
 
     def _probe(self, prepared: tuple, batch_shape: tuple[int, ...], raw: tuple | None) -> Any:
         """Time both assemblies on the first batch of PROBE_FROM samples or more; keep the
