@@ -68,17 +68,21 @@ FULL = {
                   "jac-4-16-16-4", "jac-8-32-32-8", "nlink-3", "table-1MB", "expr-1e3",
                   "expr-1e4", "expr-1e5"],
     "batch": 100_000, "build_batch": 1024, "repeats": 9, "latency_repeats": 200,
-    "timeout": 420.0, "rounds": 15,
+    "timeout": 420.0, "rounds": 15, "round_seconds": 2.0,
 }
 QUICK = {
     "workloads": ["pendulum", "net-2-3-2", "expr-1e3"],
     "batch": 10_000, "build_batch": 1024, "repeats": 3, "latency_repeats": 20,
-    "timeout": 60.0, "rounds": 3,
+    "timeout": 60.0, "rounds": 3, "round_seconds": 0.2,
 }
 #: tools join a workload's interleaved throughput run when their isolated build and one
 #: call at the throughput batch took at most this long (the run builds them again)
 INTERLEAVE_MAX_BUILD_S = 120.0
 INTERLEAVE_MAX_CALL_S = 2.0
+#: more rounds than the profile's `rounds` while all of them take under its `round_seconds`,
+#: at most this many: sub-millisecond calls are bimodal on a shared machine, and 15 rounds
+#: left their medians 20 % apart between runs
+INTERLEAVE_MAX_ROUNDS = 101
 
 #: combinations not run by default, with the reason recorded in the results.
 KNOWN_SKIPS = {
@@ -436,7 +440,8 @@ def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
     """Throughput of already built tools, timed round-robin in this process.
 
     Each round calls every tool once at the throughput batch, starting one tool later than
-    the round before, so no tool always follows the same neighbour. Returns the median
+    the round before, so no tool always follows the same neighbour; the profile's `rounds`
+    at least, more while all rounds take under its `round_seconds`. Returns the median
     samples/s per tool and every time.
     """
     batch = wl.sample(cfg["batch"], seed=1)
@@ -447,13 +452,19 @@ def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
         calls[name]()
         calls[name]()  # compiled for this batch and warm
     names = list(calls)
+    started = time.perf_counter()
+    for name in names:
+        calls[name]()
+    one_round = time.perf_counter() - started
+    rounds = int(min(max(cfg["rounds"], cfg["round_seconds"] / max(one_round, 1e-9)),
+                     INTERLEAVE_MAX_ROUNDS))
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(cfg["rounds"]):
+    for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
             calls[name]()
             times[name].append(time.perf_counter() - t0)
-    return {"rounds": cfg["rounds"], "batch": cfg["batch"], "tools": {
+    return {"rounds": rounds, "batch": cfg["batch"], "tools": {
         name: {"throughput": cfg["batch"] / statistics.median(ts),
                "times_s": [round(t, 9) for t in ts]} for name, ts in times.items()}}
 
@@ -674,7 +685,7 @@ def _interleave_workload(name: str, entry: dict, tmp: str, cfg: dict, mem_gib: f
         return
     budget = sum(2 * entry["tools"][t]["build_s"]
                  + (cfg["rounds"] + 4) * 2 * cfg["batch"] / entry["tools"][t]["throughput"]
-                 for t in members) + 120.0
+                 for t in members) + 2 * cfg["round_seconds"] + 120.0
     result, why = _run_child(["--interleave-job", name, tmp, ",".join(members),
                               "--config", json.dumps(cfg)], budget, mem_gib)
     if result is None:
@@ -684,7 +695,7 @@ def _interleave_workload(name: str, entry: dict, tmp: str, cfg: dict, mem_gib: f
     _apply_interleaved(entry, result)
     entry["interleaved"]["left_out"] = left_out
     rates = ", ".join(f"{t} {entry['tools'][t]['throughput'] / 1e6:.3g} M/s" for t in result["tools"])
-    print(f"  interleaved ({cfg['rounds']} rounds): {rates}"
+    print(f"  interleaved ({result['rounds']} rounds): {rates}"
           + (f"; left out: {', '.join(left_out)}" if left_out else ""), flush=True)
 
 

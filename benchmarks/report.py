@@ -68,8 +68,9 @@ def tables(data: dict) -> str:
     lines: list[str] = []
     cfg = data["config"]
     v = data["versions"]
-    timed = (f"median of {cfg['rounds']} rounds in which one process calls every tool of the "
-             f"workload in turn, after a warm-up; † a tool's own process, median of "
+    timed = (f"median of {cfg['rounds']}–101 rounds (about {cfg.get('round_seconds', 0):g} s "
+             "of calls) in which one process calls every tool of the workload in turn, after "
+             f"a warm-up; † a tool's own process, median of "
              f"{cfg['repeats']} calls" if "rounds" in cfg else
              f"median of {cfg['repeats']} calls after a warm-up")
     lines.append(f"Profile `{data['profile']}`, batch {cfg['batch']:,} for throughput "

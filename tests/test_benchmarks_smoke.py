@@ -6,6 +6,7 @@ reason) or failed (with a reason), so a broken adapter or workload shows up in C
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,13 +51,14 @@ def _assert_interleaved(entry: dict, rounds: int) -> None:
     that median, the tool's own process's median is kept beside it."""
     import statistics
 
-    assert entry["interleaved"]["rounds"] == rounds
+    rounds_run = entry["interleaved"]["rounds"]
+    assert rounds <= rounds_run <= 101
     for result in entry["tools"].values():
         if result["status"] != "ok":
             continue
         assert result["throughput_source"] == "interleaved"
         times = result["interleaved_times_s"]
-        assert len(times) == rounds and result["throughput_isolated"] > 0
+        assert len(times) == rounds_run and result["throughput_isolated"] > 0
         assert result["throughput"] == pytest.approx(entry["interleaved"]["batch"]
                                                      / statistics.median(times), rel=1e-3)
 
@@ -71,7 +73,7 @@ def test_full_profile_interleaves_the_tools_of_a_workload(tmp_path: Path) -> Non
     import compare
 
     entry = json.loads(out.read_text())["workloads"]["net-2-3-2"]
-    assert "interleaved (15 rounds)" in proc.stdout
+    assert re.search(r"interleaved \((\d+) rounds\)", proc.stdout)
     assert entry["tools"]["symkern"]["status"] == "ok"
     _assert_interleaved(entry, compare.FULL["rounds"])
 
