@@ -42,6 +42,10 @@ TRANSPOSED_ASSEMBLY_UP_TO = 8
 PROBE_ROUNDS = 3
 PROBE_MAX_ROUNDS = 25
 PROBE_SECONDS = 0.05
+#: a batch this many times larger than the one the probe measured is measured again (a
+#: new shape compiles anyway), and its choice kept: at 1,024 samples dispatch decides,
+#: at 100,000 memory traffic, and jac-2-3-2's choice at 1,024 ran 1.4x slower at 100k
+REPROBE_FACTOR = 16
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ class Kernel:
         #: how batches of PROBE_FROM samples or more are assembled: "fused" (one
         #: executable), "separate" (entries, then assembly), None until first measured
         self.assembly: str | None = None
+        self._probed_size: int | None = None  # the batch size `assembly` was measured at
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
         self._lock = threading.RLock()  # re-entered: _probe compiles under it
@@ -426,15 +431,20 @@ class Kernel:
                  raw: tuple | None = None) -> Any:
         if self._pieces is not None:
             return self._execute_split(prepared, batch_shape)
-        fused = self._runs_fused(math.prod(batch_shape))
-        if fused is None:
+        size = math.prod(batch_shape)
+        fused = self._runs_fused(size)
+        if fused is None or self._grown(size):
             with self._lock:
-                if self.assembly is None:
+                if self.assembly is None or self._grown(size):
                     return self._probe(prepared, batch_shape, raw)
             fused = self.assembly == "fused"
         if fused:
             return self._execute_fused(prepared, batch_shape, raw)
         return self._execute_separate(prepared, batch_shape, raw)
+
+    def _grown(self, size: int) -> bool:
+        """Whether a batch of `size` samples is REPROBE_FACTOR times the one last measured."""
+        return self._probed_size is not None and size >= REPROBE_FACTOR * self._probed_size
 
     def _runs_fused(self, size: int) -> bool | None:
         """Whether a batch of `size` samples runs as one executable; None: not measured yet.
@@ -491,13 +501,14 @@ class Kernel:
         return self._assemble_jitted(entries)
 
     def _probe(self, prepared: tuple, batch_shape: tuple[int, ...], raw: tuple | None) -> Any:
-        """Time both assemblies on the first batch of PROBE_FROM samples or more; keep the
-        faster for every such batch (`kernel.assembly`).
+        """Time both assemblies on the first batch of PROBE_FROM samples or more, and again
+        on a batch REPROBE_FACTOR times larger than the last one measured; keep the faster
+        for every such batch (`kernel.assembly`; shapes already run keep their form).
 
         Neither wins everywhere, and nothing static predicts which (docs/benchmarks.md):
         at batch 1,024 one executable ran a 3-6-6-3 network's output 5.6× slower (XLA
         copies shared producers into the stack's fusion) and a 72-entry mass matrix 1.4×
-        faster. Costs one more compile and a few runs, once per kernel.
+        faster. Costs one more compile and a few runs, once per kernel and size decade.
         """
         start = time.perf_counter()
         runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),
@@ -516,10 +527,12 @@ class Kernel:
             if rounds >= PROBE_ROUNDS and time.perf_counter() - timed_from >= PROBE_SECONDS:
                 break
         self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
+        self._probed_size = math.prod(batch_shape)
         if raw is not None and _jit_takes(raw):
             shapes = self._direct_shapes if self.assembly == "fused" else self._separate_shapes
             shapes.add(tuple(prepared[1][0].shape))
-        self.timings["assembly_probe"] = time.perf_counter() - start
+        self.timings["assembly_probe"] = (self.timings.get("assembly_probe", 0.0)
+                                          + time.perf_counter() - start)
         return result
 
     def _run(self, prepared: tuple, raw: tuple | None = None) -> Any:

@@ -132,3 +132,33 @@ def test_both_stackings_of_the_assembly_agree_with_numpy(batch, seed):
 
 
 WIDE_KERNEL = sk.build_function(WIDE, list(_SYMBOLS) + [x0], dtype="float64")
+
+
+def test_a_batch_sixteen_times_larger_is_measured_again():
+    from symkern.batching.kernel import REPROBE_FACTOR
+
+    kernel = build()
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(100, 2))
+    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
+    first = kernel.timings["assembly_probe"]
+    for n in (200, REPROBE_FACTOR * 100 - 1):  # below the factor: the choice holds
+        X = rng.normal(size=(n, 2))
+        assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
+    assert kernel.timings["assembly_probe"] == first and kernel._probed_size == 100
+    X = rng.normal(size=(REPROBE_FACTOR * 100, 2))
+    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
+    assert kernel._probed_size == REPROBE_FACTOR * 100
+    assert kernel.timings["assembly_probe"] > first and kernel.assembly in ("fused", "separate")
+    again = kernel.timings["assembly_probe"]
+    assert_reference(kernel(X, {"a": -2.0}), X, -2.0)  # the same shape: no probe, no compile
+    assert kernel.timings["assembly_probe"] == again
+
+
+def test_an_assembly_set_by_hand_is_never_measured():
+    kernel = build()
+    kernel.assembly = "separate"
+    for n in (100, 5000):
+        X = np.random.default_rng(n).normal(size=(n, 2))
+        assert_reference(kernel(X, {"a": 0.25}), X, 0.25)
+    assert kernel.assembly == "separate" and "assembly_probe" not in kernel.timings
