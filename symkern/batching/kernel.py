@@ -42,10 +42,15 @@ TRANSPOSED_ASSEMBLY_UP_TO = 8
 PROBE_ROUNDS = 3
 PROBE_MAX_ROUNDS = 25
 PROBE_SECONDS = 0.05
+#: ... and stops after one round once this many seconds have passed (long calls)
+PROBE_MAX_SECONDS = 1.0
 #: a batch this many times larger than the one the probe measured is measured again (a
 #: new shape compiles anyway), and its choice kept: at 1,024 samples dispatch decides,
-#: at 100,000 memory traffic, and jac-2-3-2's choice at 1,024 ran 1.4x slower at 100k
+#: at 100,000 memory traffic, and jac-2-3-2's choice at 1,024 ran 1.4x slower at 100k;
+#: not above REPROBE_UP_TO samples, where the probe's runs (four calls at least) would
+#: cost a one-shot evaluation of a huge batch several times its own time
 REPROBE_FACTOR = 16
+REPROBE_UP_TO = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -444,7 +449,8 @@ class Kernel:
 
     def _grown(self, size: int) -> bool:
         """Whether a batch of `size` samples is REPROBE_FACTOR times the one last measured."""
-        return self._probed_size is not None and size >= REPROBE_FACTOR * self._probed_size
+        return (self._probed_size is not None and size <= REPROBE_UP_TO
+                and size >= REPROBE_FACTOR * self._probed_size)
 
     def _runs_fused(self, size: int) -> bool | None:
         """Whether a batch of `size` samples runs as one executable; None: not measured yet.
@@ -524,7 +530,9 @@ class Kernel:
                 began = time.perf_counter()
                 result = jax.block_until_ready(run())
                 best[name] = min(best[name], time.perf_counter() - began)
-            if rounds >= PROBE_ROUNDS and time.perf_counter() - timed_from >= PROBE_SECONDS:
+            elapsed = time.perf_counter() - timed_from
+            if (rounds >= PROBE_ROUNDS and elapsed >= PROBE_SECONDS
+                    or elapsed >= PROBE_MAX_SECONDS):
                 break
         self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
         self._probed_size = math.prod(batch_shape)

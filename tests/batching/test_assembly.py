@@ -162,3 +162,17 @@ def test_an_assembly_set_by_hand_is_never_measured():
         X = np.random.default_rng(n).normal(size=(n, 2))
         assert_reference(kernel(X, {"a": 0.25}), X, 0.25)
     assert kernel.assembly == "separate" and "assembly_probe" not in kernel.timings
+
+
+def test_no_second_measurement_above_reprobe_up_to(monkeypatch):
+    import symkern.batching.kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "REPROBE_UP_TO", 1000)  # so that the test stays small
+    kernel = build()
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(PROBE_FROM, 2))
+    kernel(X, {"a": 1.0})
+    probed = kernel.timings["assembly_probe"]
+    X = rng.normal(size=(kernel_module.REPROBE_FACTOR * PROBE_FROM * 2, 2))  # 2,048 > 1,000
+    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
+    assert kernel.timings["assembly_probe"] == probed and kernel._probed_size == PROBE_FROM
