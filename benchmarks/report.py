@@ -68,10 +68,13 @@ def tables(data: dict) -> str:
     lines: list[str] = []
     cfg = data["config"]
     v = data["versions"]
-    timed = (f"median of {cfg['rounds']}–101 rounds (about {cfg.get('round_seconds', 0):g} s "
-             "of calls) in which one process calls every tool of the workload in turn, after "
-             f"a warm-up; † a tool's own process, median of "
-             f"{cfg['repeats']} calls" if "rounds" in cfg else
+    rounds = sorted(e["interleaved"]["rounds"] for e in data["workloads"].values()
+                    if "rounds" in e.get("interleaved", {}))
+    span = "–".join(str(r) for r in dict.fromkeys(rounds[:1] + rounds[-1:]))  # "15–101", "3"
+    about = f" (about {cfg['round_seconds']:g} s of calls)" if "round_seconds" in cfg else ""
+    timed = (f"median of {span} rounds{about} in which one process calls every tool of the "
+             f"workload in turn, after a warm-up; † a tool's own process, median of "
+             f"{cfg['repeats']} calls" if rounds else
              f"median of {cfg['repeats']} calls after a warm-up")
     lines.append(f"Profile `{data['profile']}`, batch {cfg['batch']:,} for throughput "
                  f"({timed}), batch {cfg['build_batch']} for the "

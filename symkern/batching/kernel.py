@@ -514,7 +514,8 @@ class Kernel:
         Neither wins everywhere, and nothing static predicts which (docs/benchmarks.md):
         at batch 1,024 one executable ran a 3-6-6-3 network's output 5.6× slower (XLA
         copies shared producers into the stack's fusion) and a 72-entry mass matrix 1.4×
-        faster. Costs one more compile and a few runs, once per kernel and size decade.
+        faster. Costs one more compile and a few runs, once per kernel and per 16-fold
+        growth of its batch.
         """
         start = time.perf_counter()
         runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),
