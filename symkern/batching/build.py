@@ -18,6 +18,7 @@ import numpy as np
 from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel, KernelSignature
 from symkern.codegen.cache import cache_key
+from symkern.codegen.materialize import materialize_shared
 from symkern.codegen.operations import exceeds_operations, operation_count
 from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
@@ -65,6 +66,8 @@ PIECE_OPERATIONS = 1000
 #: first result fell from 42-52 s to ~7-10 s, at 10^4 from 7 s to 3.4 s at the same
 #: throughput; networks below it run faster scalar (docs/benchmarks.md, "Vectorized bodies")
 VECTORIZE_ABOVE_OPERATIONS = 4_000
+#: compute costly values that several entries share once (symkern.codegen.materialize)
+MATERIALIZE_SHARED = True
 VECTORIZE_MIN_SHRINK = 20.0
 
 
@@ -231,6 +234,12 @@ def build_function(
     with stopwatch.stage("python_compile"):
         pieces = (_split_program(generated, namespace_functions, data, resolved_dtype,
                                  len(const_args), cache_key) if split else None)
+        if pieces is None and MATERIALIZE_SHARED:
+            materialized = materialize_shared(generated.module,
+                                              [f"x{k + 1}" for k in range(len(data))])
+            if materialized is not None:
+                generated = dataclasses.replace(generated, module=materialized,
+                                                source=print_source(materialized))
         # a split kernel's whole body serves traced calls only: compiled when one comes
         function = (compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
                     if pieces is None else

@@ -488,6 +488,31 @@ def _lowering_text(_: bool) -> Observation:
                    "; ".join(found))
 
 
+def _shared_in_conditional(_: bool) -> Observation:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def consumers(s: Any, c: Any) -> tuple:
+        return tuple(s * k + c for k in range(1, 5))
+
+    def plain(x: Any) -> tuple:
+        return consumers(jnp.sin(x), jnp.cos(x))
+
+    def conditional(x: Any) -> tuple:
+        def stage() -> tuple:
+            return jnp.sin(x), jnp.cos(x)
+        return consumers(*lax.cond(jnp.isnan(jnp.sum(jnp.ravel(x)[:1])), stage, stage))
+
+    x = np.linspace(0.0, 1.0, 4096, dtype=np.float32)
+    found = []
+    for name, function in (("plain", plain), ("lax.cond", conditional)):
+        text = jax.jit(function).lower(x).compile().as_text()
+        count = len(re.findall(r"\bsine[(]", text))
+        found.append(f"{name}: {count} sine")
+    return observe("plain: 4 sine; lax.cond: 2 sine", "; ".join(found))
+
+
 def _astor_round_trip(_: bool) -> Observation:
     # trees built by the rules themselves, so the check covers what they really produce
     trees = [
@@ -553,6 +578,9 @@ CHECKS: list[DriftCheck] = [
     DriftCheck("jax_lowering_text", "jax.jit(f).lower(...).as_text() shows an argument as %arg "
                "of `func.func public @main` and a closed-over array as stablehlo.constant",
                _lowering_text, depends_on_cse=False),
+    DriftCheck("xla_shared_in_conditional", "XLA's CPU fusion repeats an elementwise sine in "
+               "every consumer fusion, and once per branch inside lax.cond with identical "
+               "branches (codegen.materialize)", _shared_in_conditional, depends_on_cse=False),
     DriftCheck("astor_round_trip", "astor.to_source(module, pretty_source=''.join) prints the "
                "trees the rules build, and they parse back to the same tree", _astor_round_trip,
                depends_on_cse=False),
