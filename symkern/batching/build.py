@@ -58,14 +58,22 @@ def resolve_dtype(dtype: Any) -> np.dtype:
 
 #: bodies above this many operations are compiled as pieces of at most PIECE_OPERATIONS,
 #: in two threads: at 10^4 operations that took the first result from 82 s to 19 s and ran
-#: 3x faster (docs/benchmarks.md, "Expression scale")
-SPLIT_ABOVE_OPERATIONS = 2000
+#: 3x faster (docs/benchmarks.md, "Expression scale"); below it one executable ran faster
+#: (4-16-16-4 network Jacobian, 4,658 operations: 12.8 vs 7.0 M samples/s, first result
+#: 6.8 vs 3.9 s; 8-32-32-8 network: 11.4 vs 9.9 M/s, 4.3 vs 2.9 s; "Third performance pass")
+SPLIT_ABOVE_OPERATIONS = 5000
 PIECE_OPERATIONS = 1000
+#: a body compiled whole above this many operations assembles its entries in a separate
+#: executable without the assembly probe, at every batch size: the probe's other form, the
+#: entries stacked inside the program, took 10.7 s more to compile for the 4-16-16-4
+#: Jacobian and ran no faster
+PROBE_UP_TO_OPERATIONS = 2000
 #: bodies above this many operations are vectorized by template (`vectorize=None`) when
 #: that leaves at least VECTORIZE_MIN_SHRINK times fewer operations: at 10^5 operations the
 #: first result fell from 42-52 s to ~7-10 s, at 10^4 from 7 s to 3.4 s at the same
-#: throughput; networks below it run faster scalar (docs/benchmarks.md, "Vectorized bodies")
-VECTORIZE_ABOVE_OPERATIONS = 4_000
+#: throughput; networks below it run faster scalar (docs/benchmarks.md, "Vectorized bodies":
+#: the 4-16-16-4 Jacobian's 4,658 operations 4.1 vectorized vs 12.3 M samples/s whole)
+VECTORIZE_ABOVE_OPERATIONS = 5_000
 #: compute costly values that several entries share once (symkern.codegen.materialize)
 MATERIALIZE_SHARED = True
 VECTORIZE_MIN_SHRINK = 20.0
@@ -256,6 +264,9 @@ def build_function(
         # as fast as two executables (10^5 ops: 1.84 vs 1.76 s at 100k, 13.0 vs 13.2 ms at
         # 1,024), so the probe's extra compile (3 s at 10^5, 19 s at 10^6) buys nothing
         kernel.assembly = "fused"
+    elif pieces is None and exceeds_operations(generated.module, PROBE_UP_TO_OPERATIONS):
+        kernel.assembly = "separate"
+        kernel.fuse_small_batches = False
     return kernel
 
 

@@ -192,6 +192,9 @@ class Kernel:
         #: how batches of PROBE_FROM samples or more are assembled: "fused" (one
         #: executable), "separate" (entries, then assembly), None until first measured
         self.assembly: str | None = None
+        #: whether batches below PROBE_FROM run as one executable (False: a big body, whose
+        #: in-program stack costs more to compile than a second dispatch costs to run)
+        self.fuse_small_batches = True
         self._probed_size: int | None = None  # the batch size `assembly` was measured at
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
@@ -456,9 +459,12 @@ class Kernel:
         """Whether a batch of `size` samples runs as one executable; None: not measured yet.
 
         One executable when nothing needs assembling, and below PROBE_FROM samples (one
-        dispatch beats two); above, what `_probe` measured (`self.assembly`).
+        dispatch beats two) unless `fuse_small_batches` is off; above, what `_probe`
+        measured (`self.assembly`).
         """
-        if not self._needs_assembly or size < PROBE_FROM:
+        if not self._needs_assembly:
+            return True
+        if size < PROBE_FROM and self.fuse_small_batches:
             return True
         return None if self.assembly is None else self.assembly == "fused"
 

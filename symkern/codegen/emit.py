@@ -34,8 +34,9 @@ CSE_PREFIX = "_c"
 #: CSE shares common sub-sums and sub-products (linearize's pair sharing) only in bodies of
 #: more operations than this, the size above which kernels compile in pieces or vectorized
 #: (batching.build.SPLIT_ABOVE_OPERATIONS): below it XLA fuses the expression as written
-#: better (double pendulum 24 -> 38 M samples/s, docs/benchmarks.md)
-SHARE_PAIRS_ABOVE_OPERATIONS = 2000
+#: better (double pendulum 24 -> 38 M samples/s; 4-16-16-4 network Jacobian compiled whole,
+#: docs/benchmarks.md)
+SHARE_PAIRS_ABOVE_OPERATIONS = 5000
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,18 @@ def test_under_jit_and_grad(kernel):
         np.testing.assert_allclose(s, p, rtol=1e-10, atol=1e-12)
 
 
-def test_build_function_compiles_a_large_body_as_pieces():
+@pytest.fixture
+def split_at_2000(monkeypatch):
+    """Pieces and merged pairs above 2,000 operations, so that ~2,400-operation bodies
+    (quick to compile) exercise them; the defaults are higher (build.SPLIT_ABOVE_OPERATIONS)."""
+    from symkern.batching import build
+    from symkern.codegen import emit
+
+    monkeypatch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 2000)
+    monkeypatch.setattr(emit, "SHARE_PAIRS_ABOVE_OPERATIONS", 2000)
+
+
+def test_build_function_compiles_a_large_body_as_pieces(split_at_2000):
     import numpy as np
     import sympy as sp
 
@@ -192,7 +203,8 @@ def test_exceeds_operations_agrees_with_the_count(limit):
     assert exceeds_operations(tree, limit) == (operation_count(tree) > limit)
 
 
-def test_split_false_compiles_a_large_body_as_one_executable_without_merged_pairs(tmp_path):
+def test_split_false_compiles_a_large_body_as_one_executable_without_merged_pairs(
+        tmp_path, split_at_2000):
     import jax
     import numpy as np
     import sympy as sp
@@ -240,3 +252,37 @@ def test_scalar_body_options_on_a_structured_network_are_refused():
     for option, value in (("vectorize", True), ("vectorize", False), ("split", False)):
         with pytest.raises(BuildError, match=f"{option}: a network with a layer above 64"):
             sk.build_nn_function(snn.output, snn, **{option: value})
+
+
+def test_a_body_between_the_probe_and_split_limits_compiles_whole_and_assembles_separately():
+    import jax
+    import numpy as np
+    import sympy as sp
+
+    import symkern as sk
+    from symkern.batching import build
+    from symkern.codegen import emit
+
+    xs = sp.symbols("x0:4")
+    a = sp.Symbol("a")
+    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(600)])
+    eqs = sp.Matrix([expr, xs[0] * a, expr * xs[1]])
+    kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", progress=False,
+                               vectorize=False)
+    ops = operation_count(kernel._generated.module)
+    assert build.PROBE_UP_TO_OPERATIONS < ops <= build.SPLIT_ABOVE_OPERATIONS
+    assert ops <= emit.SHARE_PAIRS_ABOVE_OPERATIONS
+    # one executable, no probe: its entries then the assembly executable, at every batch size
+    assert kernel._pieces is None and kernel.assembly == "separate"
+    assert not kernel.fuse_small_batches
+    rng = np.random.default_rng(0)
+    f = sp.lambdify([xs, a], [expr, xs[0] * a, expr * xs[1]], "numpy")
+    for batch in ((), (3,), (200,)):
+        X = rng.uniform(-1, 1, size=batch + (4,))
+        reference = np.stack([np.broadcast_to(r, batch) for r in f(np.moveaxis(X, -1, 0), 1.5)],
+                             -1)
+        np.testing.assert_allclose(kernel(X, {"a": 1.5}), reference, rtol=1e-10)
+    assert "assembly_probe" not in kernel.timings
+    assert not kernel._direct_shapes and {(3, 4), (200, 4)} <= kernel._separate_shapes
+    grad = jax.grad(lambda p: kernel(X, p)[..., 1].sum())({"a": 1.5})
+    np.testing.assert_allclose(grad["a"], X[..., 0].sum(), rtol=1e-10)
