@@ -8,6 +8,10 @@ Usage::
 Tools (each used the way its own documentation shows):
 
 - ``symkern``: ``build_function(eqs, inputs, params=..., functions=...)``, float32.
+- ``symkern-nn``: networks only, what symkern's documentation has a network's user call:
+  ``build_nn_function(snn.output, snn)`` (Jacobian: ``build_nn_function(jacobian(snn.output,
+  snn.input), snn)``) for ``snn = SymbolicNetwork(net)`` — an array program when a layer
+  holds more than 64 weights (``StructuredNetwork``), else the scalar kernel; float32.
 - ``lambdify-numpy``: ``sympy.lambdify((x, p), entries, "numpy", cse=True)``, float64.
 - ``lambdify-jax``: ``sympy.lambdify((x, p), eqs, "jax", cse=True)`` under
   ``jax.jit(jax.vmap(f, (0, None)))``, outputs as the printer returns them, float32.
@@ -58,8 +62,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-TOOLS = ["symkern", "lambdify-numpy", "lambdify-jax", "symengine", "sympy2jax", "jax-hand"]
-JAX_TOOLS = {"symkern", "lambdify-jax", "sympy2jax", "jax-hand"}
+TOOLS = ["symkern", "symkern-nn", "lambdify-numpy", "lambdify-jax", "symengine", "sympy2jax",
+         "jax-hand"]
+JAX_TOOLS = {"symkern", "symkern-nn", "lambdify-jax", "sympy2jax", "jax-hand"}
 #: which Python module each optional tool needs.
 OPTIONAL = {"symengine": "symengine", "sympy2jax": "sympy2jax"}
 
@@ -154,6 +159,17 @@ class SymkernTool:
     def extra(self) -> dict:
         return {"timings": {k: round(v, 4) for k, v in self.kernel.timings.items()},
                 "compilations": self.kernel.compilations}
+
+
+class SymkernNetworkTool(SymkernTool):
+    """symkern's network entry point on the network the workload's equations scalarize."""
+
+    def build(self) -> None:
+        import symkern as sk
+
+        snn = sk.SymbolicNetwork(self.wl.make_net())
+        eqs = sk.jacobian(snn.output, snn.input) if self.wl.jacobian else snn.output
+        self.kernel = sk.build_nn_function(eqs, snn)
 
 
 class LambdifyNumpyTool:
@@ -352,7 +368,8 @@ class JaxHandTool(_JittedBatchTool):
 
 
 
-ADAPTERS = {"symkern": SymkernTool, "lambdify-numpy": LambdifyNumpyTool, "lambdify-jax": LambdifyJaxTool,
+ADAPTERS = {"symkern": SymkernTool, "symkern-nn": SymkernNetworkTool,
+            "lambdify-numpy": LambdifyNumpyTool, "lambdify-jax": LambdifyJaxTool,
             "symengine": SymengineTool, "sympy2jax": Sympy2JaxTool, "jax-hand": JaxHandTool}
 
 
@@ -653,6 +670,8 @@ def _skip_reason(name: str, tool: str, include_known_failures: bool) -> str | No
     reason = _available(tool)
     if reason is None and tool == "jax-hand" and not name.startswith(("net-", "jac-")):
         reason = "no hand-written jax.numpy reference for this workload"
+    if reason is None and tool == "symkern-nn" and not name.startswith(("net-", "jac-")):
+        reason = "not a network: build_nn_function takes a SymbolicNetwork"
     if reason is None and tool == "symengine" and name == "table-1MB":
         reason = "symengine's Lambdify cannot call a user-defined (Python) function"
     if reason is None and (name, tool) in KNOWN_SKIPS and not include_known_failures:
