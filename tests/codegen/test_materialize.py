@@ -43,15 +43,18 @@ def kernel(x1, ps):
     _c1 = jnp.sin(_d1)
     _c2 = jnp.exp(ps['a'])
     _c3 = _d0 * _d1
-    _c4 = jnp.tanh(_c0 + _c3)
-    return _c0 * _c1, _c0 + _c2, _c1 * _c4, _c4 - _c3, _c3
+    _c5 = _c0 + _c3
+    _c4 = jnp.tanh(_c5)
+    _c6 = jnp.exp(_c3 + _d0)
+    return _c0 * _c1, _c0 + _c2, _c1 * _c4, _c4 - _c3, _c3 + _c6, _c6
 """
 
 
 def test_shared_costly_batched_values_only():
     module = _rewrite(SOURCE)
-    # _c0 (cos, three entries) and then _c4 (tanh of _c0, two entries) at the next level;
-    # _c1 (sin) is shared too; _c2 reads only a parameter; _c3 is shared but cheap
+    # _c0 (cos, three entries) and then _c4 (tanh of _c5, which reads _c0; two entries) at
+    # the next level; _c1 (sin) is shared too; _c2 reads only a parameter; _c3 is shared
+    # but cheap; _c6 is an exp of arithmetic, which XLA keeps materialized by itself
     assert _stage_outputs(module) == [["_c0", "_c1"], ["_c4"]]
     text = ast.unparse(module)
     assert f"{PREDICATE} = jnp.isnan(jnp.sum(jnp.ravel(x1)[:1]))" in text
@@ -97,9 +100,19 @@ def test_drift_is_loud():
     ("jnp.hypot(_d0, _d0)", True),
     ("functions['f'](_d0)", True),
     ("jnp.abs(_d0) + _d0 * _d0", False),
+    ("jnp.tanh(_d0 + 1)", False),  # an operand that is arithmetic (materialize.NAMED_OPERANDS_ONLY)
+    ("x1[..., 0] / _d0", True),
 ])
 def test_is_costly(expression, costly):
-    assert is_costly(ast.parse(expression, mode="eval").body, {"_d0"}) is costly
+    assert is_costly(ast.parse(expression, mode="eval").body, {"_d0", "x1"}) is costly
+
+
+def test_any_operands_when_asked(monkeypatch):
+    from symkern.codegen import materialize
+
+    monkeypatch.setattr(materialize, "NAMED_OPERANDS_ONLY", False)
+    assert is_costly(ast.parse("jnp.tanh(_d0 + 1)", mode="eval").body, {"_d0"})
+    assert _stage_outputs(_rewrite(SOURCE)) == [["_c0", "_c1", "_c6"], ["_c4"]]
 
 
 q = sp.symbols("q0:3")
