@@ -139,6 +139,8 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
     statements, ret = body
     names = [s.targets[0].id for s in statements]  # type: ignore[attr-defined]
     index = {name: k for k, name in enumerate(names)}
+    if len(index) != len(names):
+        return None  # a name assigned twice: not the single-assignment form this rule reads
     reads = [count_and_reads(s.value)[1] for s in statements]
     data = set(data_names)
     batched = [False] * len(statements)
@@ -175,6 +177,8 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
         f"{PREDICATE} = jnp.isnan(jnp.sum(jnp.ravel({data_names[0]})[:1]))").body[0]]
     for lvl in range(max(level.values()) + 1):
         targets = [k for k in sorted(level) if level[k] == lvl]
+        if not targets:
+            continue
         needed, stack = set(targets), list(targets)
         while stack:  # the locals these values are computed from, stopping at earlier levels
             for r in reads[stack.pop()]:

@@ -74,6 +74,12 @@ def test_nothing_to_do():
     assert _rewrite(SOURCE, data=()) is None  # no data argument: nothing batched
 
 
+def test_a_name_assigned_twice_is_left_alone():
+    twice = ("def kernel(x1, ps):\n    _c0 = jnp.sin(x1[..., 0])\n    _c0 = jnp.cos(_c0)\n"
+             "    return _c0, _c0 + 1\n")
+    assert _rewrite(twice) is None
+
+
 def test_not_straight_line_is_left_alone():
     vectorized = ("def kernel(x1, ps):\n    def _levels(_R):\n        return _R\n"
                   "    _c0 = jnp.sin(x1[..., 0])\n    return _c0, _c0 + 1\n")
