@@ -74,9 +74,9 @@ PROBE_UP_TO_OPERATIONS = 2000
 #: throughput; networks below it run faster scalar (docs/benchmarks.md, "Vectorized bodies":
 #: the 4-16-16-4 Jacobian's 4,658 operations 4.1 vectorized vs 12.3 M samples/s whole)
 VECTORIZE_ABOVE_OPERATIONS = 5_000
+VECTORIZE_MIN_SHRINK = 20.0
 #: compute costly values that several entries share once (symkern.codegen.materialize)
 MATERIALIZE_SHARED = True
-VECTORIZE_MIN_SHRINK = 20.0
 
 
 def _vectorized(generated, vectorize: bool | None, dtype, parameters, stopwatch):
@@ -242,6 +242,9 @@ def build_function(
     with stopwatch.stage("python_compile"):
         pieces = (_split_program(generated, namespace_functions, data, resolved_dtype,
                                  len(const_args), cache_key) if split else None)
+        # decided on the body as generated: materializing copies statements into functions
+        big_whole = (pieces is None and not is_vectorized(generated.module)
+                     and exceeds_operations(generated.module, PROBE_UP_TO_OPERATIONS))
         if pieces is None and MATERIALIZE_SHARED:
             materialized = materialize_shared(generated.module,
                                               [f"x{k + 1}" for k in range(len(data))])
@@ -264,7 +267,7 @@ def build_function(
         # as fast as two executables (10^5 ops: 1.84 vs 1.76 s at 100k, 13.0 vs 13.2 ms at
         # 1,024), so the probe's extra compile (3 s at 10^5, 19 s at 10^6) buys nothing
         kernel.assembly = "fused"
-    elif pieces is None and exceeds_operations(generated.module, PROBE_UP_TO_OPERATIONS):
+    elif big_whole:
         kernel.assembly = "separate"
         kernel.fuse_small_batches = False
     return kernel
