@@ -243,8 +243,9 @@ def build_function(
         pieces = (_split_program(generated, namespace_functions, data, resolved_dtype,
                                  len(const_args), cache_key) if split else None)
         # decided on the body as generated: materializing copies statements into functions
-        big_whole = (pieces is None and not is_vectorized(generated.module)
-                     and exceeds_operations(generated.module, PROBE_UP_TO_OPERATIONS))
+        # (a vectorized body is told apart below, before this is read)
+        big_whole = pieces is None and exceeds_operations(generated.module,
+                                                          PROBE_UP_TO_OPERATIONS)
         if pieces is None and MATERIALIZE_SHARED:
             materialized = materialize_shared(generated.module,
                                               [f"x{k + 1}" for k in range(len(data))])

@@ -23,7 +23,7 @@ import copy
 from collections.abc import Sequence
 
 from symkern.codegen.operations import count_and_reads
-from symkern.codegen.rules import KERNEL_NAME
+from symkern.codegen.rules import KERNEL_NAME, _function, _return
 from symkern.errors import CodegenDriftError
 
 #: `jnp.<name>` calls that cost a polynomial evaluation or more per element
@@ -37,10 +37,7 @@ COSTLY_JNP = frozenset({
 STAGE_PREFIX = "_m"
 #: the local holding the conditional's predicate
 PREDICATE = "_mp"
-
-
-def _drift(found: str) -> CodegenDriftError:
-    return CodegenDriftError(f"materialize_shared: expected {found}")
+RULE = "materialize_shared"
 
 
 def _reads_any(node: ast.AST, names: set[str]) -> bool:
@@ -106,20 +103,17 @@ def is_costly(node: ast.AST, batched: set[str]) -> bool:
 
 
 def _straight_line(function: ast.FunctionDef) -> tuple[list[ast.Assign], ast.Return] | None:
-    *statements, last = function.body
-    if not isinstance(last, ast.Return):
-        raise _drift(f"{KERNEL_NAME}(...) to end in a return, found {ast.unparse(last)[:120]!r}")
+    ret = _return(function, RULE)
+    statements = function.body[:-1]
     for statement in statements:
         if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Name)):
             return None  # not a scalar body (vectorized, or a form this rule does not know)
-    return statements, last  # type: ignore[return-value]
+    return statements, ret  # type: ignore[return-value]
 
 
-def _entries(result: ast.expr | None) -> list[ast.expr]:
-    if isinstance(result, ast.Tuple):
-        return list(result.elts)
-    return [] if result is None else [result]
+def _entries(result: ast.expr) -> list[ast.expr]:
+    return list(result.elts) if isinstance(result, ast.Tuple) else [result]
 
 
 def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Module | None:
@@ -129,10 +123,10 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
 
     Values that depend on each other go to successive levels, one conditional each.
     """
-    functions = [s for s in module.body if isinstance(s, ast.FunctionDef)]
-    if len(functions) != 1 or functions[0].name != KERNEL_NAME:
-        raise _drift(f"one function {KERNEL_NAME}(...) in the module")
-    function = functions[0]
+    function = _function(module, RULE)
+    if function.name != KERNEL_NAME:
+        raise CodegenDriftError(f"{RULE}: expected the function {KERNEL_NAME}(...), "
+                                f"found {function.name}")
     body = _straight_line(function)
     if body is None or not data_names:
         return None
