@@ -18,6 +18,7 @@ import numpy as np
 from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel, KernelSignature
 from symkern.codegen.cache import cache_key
+from symkern.codegen.contract import contract_linear_forms, is_contracted
 from symkern.codegen.materialize import materialize_shared
 from symkern.codegen.operations import exceeds_operations, operation_count
 from symkern.codegen.pipeline import generate, print_source
@@ -77,10 +78,35 @@ VECTORIZE_ABOVE_OPERATIONS = 5_000
 VECTORIZE_MIN_SHRINK = 20.0
 #: compute costly values that several entries share once (symkern.codegen.materialize)
 MATERIALIZE_SHARED = True
+#: evaluate groups of sums over the same per-sample values as matrix products
+#: (symkern.codegen.contract)
+CONTRACT_LINEAR_FORMS = True
+
+
+def _contracted(generated, dtype, stopwatch):
+    """`generated` with its groups of linear forms as matrix products, when it has any."""
+    if not CONTRACT_LINEAR_FORMS:
+        return generated
+    with stopwatch.stage("contract"):
+        module = generated.module  # changed only when contracted
+        literals = list(generated.literals)
+        found = contract_linear_forms(module, dtype, literals)
+        if found is None:
+            return generated
+        logger.info("contracted: %d sums over shared inputs as %d matrix products "
+                    "(%d weights)", found.forms, found.groups, found.weights)
+        return dataclasses.replace(generated, module=module, source=print_source(module),
+                                   literals=tuple(literals))
 
 
 def _vectorized(generated, vectorize: bool | None, dtype, parameters, stopwatch):
     """`generated` with its body vectorized by template, when `vectorize` asks or pays."""
+    if is_contracted(generated.module):
+        if vectorize:
+            raise BuildError("vectorize=True: the kernel body's sums were contracted into "
+                             "matrix products (symkern.codegen.contract), which vectorize "
+                             "does not take; pass vectorize=None")
+        return generated
     if vectorize is False or (vectorize is None and not exceeds_operations(
             generated.module, VECTORIZE_ABOVE_OPERATIONS)):
         return generated
@@ -108,8 +134,9 @@ def _vectorized(generated, vectorize: bool | None, dtype, parameters, stopwatch)
 def _split_program(generated, functions, data, dtype, const_count,
                    cache_key: str | None = None) -> SplitProgram | None:
     # a vectorized body is already small for XLA, and not straight-line (its local functions)
-    if is_vectorized(generated.module) or not exceeds_operations(generated.module,
-                                                                 SPLIT_ABOVE_OPERATIONS):
+    # a contracted one holds arrays, which pieces do not pass between them
+    if is_vectorized(generated.module) or is_contracted(generated.module) \
+            or not exceeds_operations(generated.module, SPLIT_ABOVE_OPERATIONS):
         return None
     cache = active_cache()
     # user functions are keyed by name only: their compiled bodies are not stored
@@ -140,6 +167,7 @@ def _generate_cached(equations, arguments, data_count, *, cse, functions, embed_
         generated = generate(equations, arguments, data_count, cse=cse, functions=functions,
                              embed_max_bytes=embed_max_bytes, dtype=dtype, stopwatch=stopwatch,
                              share_pairs=split)
+        generated = _contracted(generated, dtype, stopwatch)
         return _vectorized(generated, vectorize, dtype, arguments[data_count:], stopwatch)
 
     cache = active_cache()
@@ -246,7 +274,9 @@ def build_function(
         # (a vectorized body is told apart below, before this is read)
         big_whole = pieces is None and exceeds_operations(generated.module,
                                                           PROBE_UP_TO_OPERATIONS)
-        if pieces is None and MATERIALIZE_SHARED:
+        # a contracted body's shared values are arrays already (and materializing would
+        # copy the matrix products they read into the conditional)
+        if pieces is None and MATERIALIZE_SHARED and not is_contracted(generated.module):
             materialized = materialize_shared(generated.module,
                                               [f"x{k + 1}" for k in range(len(data))])
             if materialized is not None:

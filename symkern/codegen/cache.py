@@ -26,7 +26,7 @@ from symkern.errors import CodegenDriftError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 #: bump when the cached layout or any rule's output changes meaning
-CACHE_FORMAT = 4  # 4: no pair sharing in bodies of <= 5,000 operations (3: 2,000)
+CACHE_FORMAT = 5  # 5: linear forms contracted (4: no pair sharing up to 5,000 operations)
 _lock = threading.Lock()
 
 
