@@ -76,9 +76,9 @@ class ContractedBody:
 
 
 def is_contracted(module: ast.Module) -> bool:
-    """Whether `module` is a kernel this rule rewrote (it holds `_lz<g> = …`)."""
+    """Whether `module` is a kernel this rule rewrote (it holds `_lz<g> = …`, or is tiled)."""
     function = module.body[0]
-    return isinstance(function, ast.FunctionDef) and any(
+    return is_tiled(module) or isinstance(function, ast.FunctionDef) and any(
         isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name)
         and _PRODUCTS_NAME.match(statement.targets[0].id) for statement in function.body)
 
@@ -267,8 +267,8 @@ class _Replace(ast.NodeTransformer):
         return super().visit(node)
 
 
-def contract_linear_forms(module: ast.Module, dtype: np.dtype,
-                          hoisted: list[HoistedLiteral]) -> ContractedBody | None:
+def contract_linear_forms(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral],
+                          chain_rule: bool = False) -> ContractedBody | None:
     """Rewrite `module` in place so that each group of linear forms over the same
     per-sample inputs is one `jnp.tensordot`; `hoisted` receives the index tables as const
     args (`_li0, …`, after the existing ones). Returns what it built, or None, leaving
@@ -298,8 +298,8 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype,
         inputs = list(members[0].inputs)
         if len(members) < CONTRACT_MIN_MEMBERS or len(members) * len(inputs) < CONTRACT_MIN_TERMS:
             continue
-        if any(len(key) > 1 for key in inputs) or any(
-                len(atoms) > 1 for form in members for _, atoms in form.inputs.values()):
+        if not chain_rule and (any(len(key) > 1 for key in inputs) or any(
+                len(atoms) > 1 for form in members for _, atoms in form.inputs.values())):
             continue  # a Jacobian's chain-rule sums: slower as products (_kept_as_blocks)
         first = min(m.home for m in members)
         needed = {n for key in inputs for n in key} | set().union(*(m.reads for m in members))
@@ -307,7 +307,8 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype,
             continue  # an input or coefficient defined after the first member
         chosen.append((first, inputs, members))
     entries = returned.value.elts if isinstance(returned.value, ast.Tuple) else [returned.value]
-    chosen = _kept_as_blocks(chosen, forms, statements, entries, body, uses)
+    if not chain_rule:
+        chosen = _kept_as_blocks(chosen, forms, statements, entries, body, uses)
     if not chosen:
         return None
     inserted: dict[int, list[ast.stmt]] = defaultdict(list)
@@ -465,7 +466,7 @@ def _group_code(g: int, inputs: Sequence[tuple[str, ...]], members: Sequence[_Fo
                 ) -> tuple[str, list[tuple[str, np.ndarray]]]:
     """The statements of group `g` and its const tables (name, value)."""
     tables: list[tuple[str, np.ndarray]] = []
-    stacked = block or f"jnp.stack([{', '.join(key[0] for key in inputs)}])"
+    stacked = block or f"jnp.stack([{', '.join(' * '.join(key) for key in inputs)}])"
     code = f"{VALUES}{g} = {stacked}\n"
     in_order = matrix is not None and all(
         matrix[1][id(form)] == m for m, form in enumerate(members)) and all(
@@ -539,3 +540,56 @@ def _gathered_weights(g: int, inputs: Sequence[tuple[str, ...]], members: Sequen
     weights = " * ".join(f"{ATOMS}{g}[{lookup}[{r}]]" for r in range(where.shape[0]))
     return (f"{ATOMS}{g} = jnp.concatenate([{', '.join(pieces)}]).astype({constants}.dtype)\n"
             f"{WEIGHTS}{g} = {weights}\n")
+
+
+#: the local function a tiled body runs per chunk, its input rows and its output rows
+TILE, TILE_ROWS, TILE_OUT = "_lt", "_ltr", "_lto"
+
+
+def is_tiled(module: ast.Module) -> bool:
+    """Whether `module` is a kernel `tile` rewrote (it holds the local function `_lt`)."""
+    function = module.body[0]
+    return isinstance(function, ast.FunctionDef) and any(
+        isinstance(statement, ast.FunctionDef) and statement.name == TILE
+        for statement in function.body)
+
+
+def tile(module: ast.Module) -> bool:
+    """Rewrite a contracted `module` in place to run `vec.CHUNK` samples at a time.
+
+    The body's data reads (`_d0 = x1[..., 0]`, …) become rows of one `(reads, *batch)`
+    array, the rest of the body a local function of a chunk of it, and `vec.chunked`
+    maps that function over the chunks (`lax.map`), so a group's `(members, chunk)` blocks
+    stay in cache. Returns False, leaving `module` alone, when the body reads a data
+    argument anywhere but in its leading reads.
+    """
+    function = _function(module, RULE)
+    returned = _return(function, RULE)
+    data = {a.arg for a in function.args.args if DATA_NAME.match(a.arg)}
+    statements = function.body[:-1]
+    reads = 0
+    while reads < len(statements) and any(
+            isinstance(n, ast.Name) and n.id in data for n in ast.walk(statements[reads])):
+        reads += 1
+    rest = statements[reads:]
+    if not reads or any(isinstance(n, ast.Name) and n.id in data
+                        for statement in [*rest, returned] for n in ast.walk(statement)):
+        return False
+    names = [s.targets[0].id for s in statements[:reads]]  # type: ignore[attr-defined]
+    entries = returned.value.elts if isinstance(returned.value, ast.Tuple) else [returned.value]
+    count = len(entries)
+    header = [f"{name} = {TILE_ROWS}[{k}]" for k, name in enumerate(names)]
+    outputs = ", ".join(f"jnp.broadcast_to({ast.unparse(e)}, {TILE_ROWS}.shape[1:])"
+                        for e in entries)
+    local = ast.parse(f"def {TILE}({TILE_ROWS}):\n"
+                      + "".join(f"    {line}\n" for line in header)
+                      + f"    return jnp.stack([{outputs}])\n").body[0]
+    local.body[reads:reads] = rest  # type: ignore[attr-defined]
+    stacked = ast.parse(f"{TILE_ROWS} = jnp.stack(jnp.broadcast_arrays({', '.join(names)}))\n"
+                        f"{TILE_OUT} = vec.chunked({TILE}, {TILE_ROWS})\n"
+                        f"return {', '.join(f'{TILE_OUT}[{k}]' for k in range(count))}"
+                        + ("," if count == 1 and isinstance(returned.value, ast.Tuple) else "")
+                        ).body
+    function.body = [*statements[:reads], local, *stacked]
+    ast.fix_missing_locations(module)
+    return True

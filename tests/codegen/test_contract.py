@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import symkern as sk
 from symkern.batching import build
-from symkern.codegen import contract
-from symkern.codegen.contract import contract_linear_forms, is_contracted
+from symkern.codegen import contract, vecops
+from symkern.codegen.contract import contract_linear_forms, is_contracted, is_tiled, tile
 from symkern.errors import BuildError
 from symkern.kernels.stage import compile_kernel
 
@@ -193,13 +193,18 @@ def _run(module: ast.Module, hoisted, X, ps):
 
 def _weight(kind: int, i: int, j: int) -> str:
     return [f"ps['W'][{i}, {j}]", f"-ps['W'][{i}, {j}]", f"2 * ps['W'][{i}, {j}]",
-            f"ps['W'][{i}, {j}] * 0.5", "ps['a']", f"-3 * ps['V'][{j}]", ""][kind]
+            f"ps['W'][{i}, {j}] * 0.5", "ps['a']", f"-3 * ps['V'][{j}]", "",
+            f"ps['W'][{i}, {j}] * ps['V'][{j}]"][kind]
 
 
 @settings(max_examples=15, deadline=None)
-@given(rows=st.integers(4, 7), inputs=st.integers(4, 6), data=st.data())
-def test_weights_signs_numbers_and_biases_against_the_scalar_body(rows, inputs, data):
-    kinds = data.draw(st.lists(st.lists(st.integers(0, 6), min_size=inputs, max_size=inputs),
+@given(rows=st.integers(4, 7), inputs=st.integers(4, 6), chain_rule=st.booleans(),
+       data=st.data())
+def test_weights_signs_numbers_and_biases_against_the_scalar_body(rows, inputs, chain_rule,
+                                                                  data):
+    # weights that are products of two parameters only in the chain-rule mode
+    kinds = data.draw(st.lists(st.lists(st.integers(0, 7 if chain_rule else 6),
+                                        min_size=inputs, max_size=inputs),
                                min_size=rows, max_size=rows))
     biases = data.draw(st.lists(st.sampled_from(["", "ps['b'][{i}]", "1.5", "-ps['a']"]),
                                 min_size=rows, max_size=rows))
@@ -213,7 +218,7 @@ def test_weights_signs_numbers_and_biases_against_the_scalar_body(rows, inputs, 
     module = ast.parse(source)
     with pytest.MonkeyPatch.context() as patch:  # 4x4 and up, where the default asks for 64
         patch.setattr(contract, "CONTRACT_MIN_TERMS", 16)
-        found = contract_linear_forms(module, np.dtype("float64"), hoisted)
+        found = contract_linear_forms(module, np.dtype("float64"), hoisted, chain_rule)
     assert found is not None and found.groups == 1 and found.forms == rows
     text = ast.unparse(module)
     assert "jnp.tensordot(" in text
@@ -240,9 +245,11 @@ def test_left_alone(monkeypatch):
     assert rewrite(_forms_source([row[:3] for row in square], [""] * 4)) is None
     # a member read by scalar code: its rows would go through memory
     assert rewrite(_forms_source(square, [""] * 4, consumer="_h0 * 2")) is None
-    # a weight that is a product of parameters (a Jacobian's chain rule)
+    # a weight that is a product of parameters (a Jacobian's chain rule), unless asked
     products = [[f"ps['W'][{i}, {j}] * ps['W'][{j}, {i}]" for j in range(4)] for i in range(4)]
     assert rewrite(_forms_source(products, [""] * 4)) is None
+    assert contract_linear_forms(ast.parse(_forms_source(products, [""] * 4)),
+                                 np.dtype("float32"), [], chain_rule=True) is not None
     # an input that is not a named local
     computed = _forms_source(square, [""] * 4).replace("* _d0", "* jnp.sin(_d0)")
     assert rewrite(computed) is None
@@ -254,3 +261,55 @@ def test_left_alone(monkeypatch):
                                                      "    for _ in ():\n        pass\n    _d0 = x1[..., 0]")
     assert rewrite(looped) is None
     assert hoisted == []
+
+
+# --- a Jacobian too big to compile whole: chain-rule sums contracted, a chunk at a time ----
+
+def _tiled_jacobian():
+    if "jac" not in _CACHE:
+        eqs, x, params, values = _network((3, 8, 8, 2), jacobian=True)
+        with pytest.MonkeyPatch.context() as patch:  # as if above the pieces limit
+            patch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 200)
+            _CACHE["jac"] = (sk.build_function(eqs, x, params=params, dtype="float64"), values)
+    return _CACHE["jac"]
+
+
+def _hand_jacobian(X, values):
+    X = jnp.asarray(X)
+    flat = X.reshape(-1, X.shape[-1])
+    J = jax.vmap(jax.jacfwd(lambda v: _hand(v[None], values)[0]))(flat)
+    return J.reshape(X.shape[:-1] + J.shape[1:])
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch=st.sampled_from([(), (0,), (1,), (16,), (37,), (5, 7)]),
+       chunk=st.sampled_from([4, 16, 1024]), seed=st.integers(0, 2**32 - 1))
+def test_tiled_jacobian_against_jacfwd(batch, chunk, seed):
+    kernel, values = _tiled_jacobian()
+    assert is_tiled(kernel._generated.module) and kernel.assembly == "fused"
+    # the chain-rule sums are products too: weights W2[k,j] * W1[j,c], gathered by tables
+    assert kernel.source.count("jnp.tensordot(") == 2 and kernel.const_args
+    X = np.random.default_rng(seed).normal(size=batch + (3,))
+    with pytest.MonkeyPatch.context() as patch:  # chunks of `chunk` samples, padded
+        patch.setattr(vecops, "CHUNK", chunk)
+        got = jax.jit(kernel)(X, values)
+    assert got.shape == batch + (2, 3)
+    np.testing.assert_allclose(got, _hand_jacobian(X, values), rtol=1e-10, atol=1e-12)
+
+
+def test_tiled_jacobian_grad_vmap_bind_export():
+    kernel, values = _tiled_jacobian()
+    X = jnp.asarray(np.random.default_rng(7).normal(size=(40, 3)))
+    params = jax.tree_util.tree_map(jnp.asarray, values)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vecops, "CHUNK", 16)
+        ours = jax.grad(lambda X: jnp.sum(kernel(X, params) ** 2))(X)
+        theirs = jax.grad(lambda X: jnp.sum(_hand_jacobian(X, params) ** 2))(X)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+        one = jax.vmap(lambda v: kernel(v, params))(X)
+        np.testing.assert_allclose(one, _hand_jacobian(X, params), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(kernel.bind(params)(X), _hand_jacobian(X, params), rtol=1e-10)
+        loaded = sk.load(kernel.export(X, params), kernel.const_args)
+        np.testing.assert_allclose(loaded(X, params), _hand_jacobian(X, params), rtol=1e-10)
+    assert not tile(ast.parse("def kernel(x1, ps):\n    _c0 = jnp.sin(x1[..., 0])\n"
+                              "    return _c0 * jnp.sum(x1)\n"))  # a data read after the reads
