@@ -544,6 +544,9 @@ def _gathered_weights(g: int, inputs: Sequence[tuple[str, ...]], members: Sequen
 
 #: the local function a tiled body runs per chunk, its input rows and its output rows
 TILE, TILE_ROWS, TILE_OUT = "_lt", "_ltr", "_lto"
+#: samples per chunk of a tiled body: the 8-32-32-8 network Jacobian ran 1.05 M samples/s
+#: at 1,024, 1.6 at 4,096, 1.4 at 16,384 and 0.97 unchunked (hand-written jax 1.08)
+TILE_CHUNK = 4096
 
 
 def is_tiled(module: ast.Module) -> bool:
@@ -555,7 +558,7 @@ def is_tiled(module: ast.Module) -> bool:
 
 
 def tile(module: ast.Module) -> bool:
-    """Rewrite a contracted `module` in place to run `vec.CHUNK` samples at a time.
+    """Rewrite a contracted `module` in place to run TILE_CHUNK samples at a time.
 
     The body's data reads (`_d0 = x1[..., 0]`, …) become rows of one `(reads, *batch)`
     array, the rest of the body a local function of a chunk of it, and `vec.chunked`
@@ -586,7 +589,7 @@ def tile(module: ast.Module) -> bool:
                       + f"    return jnp.stack([{outputs}])\n").body[0]
     local.body[reads:reads] = rest  # type: ignore[attr-defined]
     stacked = ast.parse(f"{TILE_ROWS} = jnp.stack(jnp.broadcast_arrays({', '.join(names)}))\n"
-                        f"{TILE_OUT} = vec.chunked({TILE}, {TILE_ROWS})\n"
+                        f"{TILE_OUT} = vec.chunked({TILE}, {TILE_ROWS}, {TILE_CHUNK})\n"
                         f"return {', '.join(f'{TILE_OUT}[{k}]' for k in range(count))}"
                         + ("," if count == 1 and isinstance(returned.value, ast.Tuple) else "")
                         ).body

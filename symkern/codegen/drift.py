@@ -513,6 +513,31 @@ def _shared_in_conditional(_: bool) -> Observation:
     return observe("plain: 4 sine; lax.cond: 2 sine", "; ".join(found))
 
 
+def _dense_layer_sums(_: bool) -> Observation:
+    from symkern.codegen.contract import contract_linear_forms
+    from symkern.codegen.pipeline import generate
+
+    x = list(sp.symbols("x0:8"))
+    weights = [sp.Matrix(8, 8, lambda i, j, k=k: sp.Symbol(f"w{k}_{i}_{j}")) for k in (1, 2)]
+    bias = sp.Matrix(8, 1, lambda i, _: sp.Symbol(f"b{i}"))
+    hidden = [sp.tanh(sp.Add(*[weights[0][i, j] * x[j] for j in range(8)], bias[i]))
+              for i in range(8)]
+    out = [sp.tanh(sp.Add(*[weights[1][i, j] * hidden[j] for j in range(8)])) for i in range(8)]
+    arguments = [data_argument(x, 1)]
+    parameters, _ = parameter_arguments({"W1": weights[0], "W2": weights[1], "b": bias})
+    module = generate(equation_set(sp.Matrix(out)), arguments + parameters, 1).module
+    found = contract_linear_forms(module, np.dtype("float32"), [])
+    if found is None:
+        return observe("2 groups of 16 sums", "no group of sums over shared inputs")
+    text = ast.unparse(module)
+    read = sorted(set(re.findall(r"ps\['W\d'\]\[:8, :8\]", text)))
+    lifted = "tanh on the first block" if "_lh0 = jnp.tanh(_lz0)" in text else "no block tanh"
+    return observe("2 groups of 16 sums; weights ps['W1'][:8, :8], ps['W2'][:8, :8]; "
+                   "tanh on the first block",
+                   f"{found.groups} groups of {found.forms} sums; weights "
+                   f"{', '.join(read) or 'not one matrix'}; {lifted}")
+
+
 def _astor_round_trip(_: bool) -> Observation:
     # trees built by the rules themselves, so the check covers what they really produce
     trees = [
@@ -581,6 +606,9 @@ CHECKS: list[DriftCheck] = [
     DriftCheck("xla_shared_in_conditional", "XLA's CPU fusion repeats an elementwise sine in "
                "every consumer fusion, and once per branch inside lax.cond with identical "
                "branches (codegen.materialize)", _shared_in_conditional, depends_on_cse=False),
+    DriftCheck("dense_layer_sums", "a scalarized tanh layer prints as sums of `W[i, j] * h` "
+               "over the same locals, which codegen.contract turns into one tensordot per "
+               "layer reading the weight matrix", _dense_layer_sums, depends_on_cse=False),
     DriftCheck("astor_round_trip", "astor.to_source(module, pretty_source=''.join) prints the "
                "trees the rules build, and they parse back to the same tree", _astor_round_trip,
                depends_on_cse=False),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import symkern as sk
 from symkern.batching import build
-from symkern.codegen import contract, vecops
+from symkern.codegen import contract
 from symkern.codegen.contract import contract_linear_forms, is_contracted, is_tiled, tile
 from symkern.errors import BuildError
 from symkern.kernels.stage import compile_kernel
@@ -265,13 +265,15 @@ def test_left_alone(monkeypatch):
 
 # --- a Jacobian too big to compile whole: chain-rule sums contracted, a chunk at a time ----
 
-def _tiled_jacobian():
-    if "jac" not in _CACHE:
+def _tiled_jacobian(chunk: int = 16):
+    if ("jac", chunk) not in _CACHE:
         eqs, x, params, values = _network((3, 8, 8, 2), jacobian=True)
         with pytest.MonkeyPatch.context() as patch:  # as if above the pieces limit
             patch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 200)
-            _CACHE["jac"] = (sk.build_function(eqs, x, params=params, dtype="float64"), values)
-    return _CACHE["jac"]
+            patch.setattr(contract, "TILE_CHUNK", chunk)  # chunks of `chunk` samples, padded
+            _CACHE["jac", chunk] = (sk.build_function(eqs, x, params=params, dtype="float64"),
+                                    values)
+    return _CACHE["jac", chunk]
 
 
 def _hand_jacobian(X, values):
@@ -285,14 +287,13 @@ def _hand_jacobian(X, values):
 @given(batch=st.sampled_from([(), (0,), (1,), (16,), (37,), (5, 7)]),
        chunk=st.sampled_from([4, 16, 1024]), seed=st.integers(0, 2**32 - 1))
 def test_tiled_jacobian_against_jacfwd(batch, chunk, seed):
-    kernel, values = _tiled_jacobian()
+    kernel, values = _tiled_jacobian(chunk)
+    assert f"vec.chunked(_lt, _ltr, {chunk})" in kernel.source
     assert is_tiled(kernel._generated.module) and kernel.assembly == "fused"
     # the chain-rule sums are products too: weights W2[k,j] * W1[j,c], gathered by tables
     assert kernel.source.count("jnp.tensordot(") == 2 and kernel.const_args
     X = np.random.default_rng(seed).normal(size=batch + (3,))
-    with pytest.MonkeyPatch.context() as patch:  # chunks of `chunk` samples, padded
-        patch.setattr(vecops, "CHUNK", chunk)
-        got = jax.jit(kernel)(X, values)
+    got = jax.jit(kernel)(X, values)
     assert got.shape == batch + (2, 3)
     np.testing.assert_allclose(got, _hand_jacobian(X, values), rtol=1e-10, atol=1e-12)
 
@@ -301,15 +302,13 @@ def test_tiled_jacobian_grad_vmap_bind_export():
     kernel, values = _tiled_jacobian()
     X = jnp.asarray(np.random.default_rng(7).normal(size=(40, 3)))
     params = jax.tree_util.tree_map(jnp.asarray, values)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vecops, "CHUNK", 16)
-        ours = jax.grad(lambda X: jnp.sum(kernel(X, params) ** 2))(X)
-        theirs = jax.grad(lambda X: jnp.sum(_hand_jacobian(X, params) ** 2))(X)
-        np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
-        one = jax.vmap(lambda v: kernel(v, params))(X)
-        np.testing.assert_allclose(one, _hand_jacobian(X, params), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(kernel.bind(params)(X), _hand_jacobian(X, params), rtol=1e-10)
-        loaded = sk.load(kernel.export(X, params), kernel.const_args)
-        np.testing.assert_allclose(loaded(X, params), _hand_jacobian(X, params), rtol=1e-10)
+    ours = jax.grad(lambda X: jnp.sum(kernel(X, params) ** 2))(X)
+    theirs = jax.grad(lambda X: jnp.sum(_hand_jacobian(X, params) ** 2))(X)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+    one = jax.vmap(lambda v: kernel(v, params))(X)
+    np.testing.assert_allclose(one, _hand_jacobian(X, params), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(kernel.bind(params)(X), _hand_jacobian(X, params), rtol=1e-10)
+    loaded = sk.load(kernel.export(X, params), kernel.const_args)
+    np.testing.assert_allclose(loaded(X, params), _hand_jacobian(X, params), rtol=1e-10)
     assert not tile(ast.parse("def kernel(x1, ps):\n    _c0 = jnp.sin(x1[..., 0])\n"
                               "    return _c0 * jnp.sum(x1)\n"))  # a data read after the reads

@@ -1,0 +1,50 @@
+"""The fourth performance pass (sixth session), measured in one process.
+
+Usage: python benchmarks/experiments/fourth_pass.py [--batch 100000] [--rounds 21]
+                                                    [--workloads net-4-16-16-4,...]
+
+Scalarized networks and their Jacobians through build_function, with the sums of a dense
+layer contracted into matrix products (symkern.codegen.contract, the default) against the
+scalar body (``build.CONTRACT_LINEAR_FORMS = False``); for the 4-16-16-4 Jacobian, which
+stays scalar by default, also the contracted and tiled form that bodies above
+``SPLIT_ABOVE_OPERATIONS`` get (the limit lowered under its 4,658 operations). Timed
+round-robin by ``third_pass.measure`` (median M samples/s at the batch, first result at
+1,024).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from third_pass import build, measure  # noqa: E402
+
+NETWORKS = ["net-4-16-16-4", "net-8-32-32-8", "jac-4-16-16-4", "jac-8-32-32-8"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--workloads", default=",".join(NETWORKS))
+    args = parser.parse_args()
+    print(f"jax {jax.__version__}, batch {args.batch:,}, float32, median of {args.rounds} "
+          "interleaved rounds")
+    print("| workload | variant | form | first result at 1,024 (s) | M samples/s | "
+          "sin/cos/tanh in the entries program | max abs diff to the first variant |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for name in args.workloads.split(","):
+        variants = {"default": ({}, {}),
+                    "scalar body": ({(build, "CONTRACT_LINEAR_FORMS"): False}, {})}
+        if name == "jac-4-16-16-4":
+            variants["contracted and tiled"] = ({(build, "SPLIT_ABOVE_OPERATIONS"): 4000}, {})
+        measure(name, variants, args.batch, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
