@@ -18,11 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import jax
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from third_pass import build, measure  # noqa: E402
+from third_pass import build, measure, print_header  # noqa: E402
 
 NETWORKS = ["net-4-16-16-4", "net-8-32-32-8", "jac-4-16-16-4", "jac-8-32-32-8"]
 
@@ -33,11 +31,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--workloads", default=",".join(NETWORKS))
     args = parser.parse_args()
-    print(f"jax {jax.__version__}, batch {args.batch:,}, float32, median of {args.rounds} "
-          "interleaved rounds")
-    print("| workload | variant | form | first result at 1,024 (s) | M samples/s | "
-          "sin/cos/tanh in the entries program | max abs diff to the first variant |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print_header(args.batch, args.rounds)
     for name in args.workloads.split(","):
         variants = {"default": ({}, {}),
                     "scalar body": ({(build, "CONTRACT_LINEAR_FORMS"): False}, {})}

@@ -95,17 +95,22 @@ def measure(name: str, variants: dict, batch: int, rounds: int) -> None:
               f"{_transcendentals(kernel, X[:1024], ps)} | {diff:.1e} |", flush=True)
 
 
+def print_header(batch: int, rounds: int) -> None:
+    """The versions, the profile and the head of the table `measure` prints rows of."""
+    print(f"jax {jax.__version__}, batch {batch:,}, float32, median of {rounds} "
+          "interleaved rounds")
+    print("| workload | variant | form | first result at 1,024 (s) | M samples/s | "
+          "sin/cos/tanh in the entries program | max abs diff to the first variant |")
+    print("|---|---|---|---:|---:|---:|---:|")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=41)  # 7 rounds flipped 1.1x effects
     parser.add_argument("--workloads", default=",".join(MATERIALIZE + WHOLE))
     args = parser.parse_args()
-    print(f"jax {jax.__version__}, batch {args.batch:,}, float32, median of {args.rounds} "
-          "interleaved rounds")
-    print("| workload | variant | form | first result at 1,024 (s) | M samples/s | "
-          "sin/cos/tanh in the entries program | max abs diff to the first variant |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print_header(args.batch, args.rounds)
     for name in args.workloads.split(","):
         if name in WHOLE:
             variants = {

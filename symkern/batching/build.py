@@ -90,8 +90,8 @@ def _contracted(generated, dtype, stopwatch):
     with stopwatch.stage("contract"):
         module = generated.module  # changed only when contracted
         literals = list(generated.literals)
-        # a body too big to compile whole (pieces pass values through memory anyway):
-        # Jacobian chain-rule sums too, run a chunk of samples at a time
+        # a body too big to compile whole (vectorized or in pieces, its values would go
+        # through memory anyway): chain-rule sums too, run a chunk of samples at a time
         chain_rule = exceeds_operations(module, SPLIT_ABOVE_OPERATIONS)
         found = contract_linear_forms(module, dtype, literals, chain_rule=chain_rule)
         if found is None:

@@ -29,7 +29,9 @@ A group is contracted only when its values stay arrays: each member is a returne
 a local read only as an input of contracted groups (`_kept_as_blocks`), and each weight is
 one parameter factor and each input one local. A network Jacobian's chain-rule sums
 (`W2[k,j] * W1[j,c] * d_j`, rows read by `1 - h**2`) ran slower as products than as the
-scalar body, which keeps them in registers, and stay scalar. Groups smaller than
+scalar body, which keeps them in registers, and stay scalar; above 5,000 operations, where
+the scalar body would be vectorized or cut into pieces, `chain_rule=True` contracts them
+too and `tile` runs the body a chunk of samples at a time. Groups smaller than
 CONTRACT_MIN_INPUTS inputs, CONTRACT_MIN_MEMBERS members or CONTRACT_MIN_TERMS weights
 stay scalar too (a 2-3-2 network runs fastest fully fused). `contract_linear_forms`
 returns None, leaving the module untouched, when nothing groups.
