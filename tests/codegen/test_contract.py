@@ -312,3 +312,34 @@ def test_tiled_jacobian_grad_vmap_bind_export():
     np.testing.assert_allclose(loaded(X, params), _hand_jacobian(X, params), rtol=1e-10)
     assert not tile(ast.parse("def kernel(x1, ps):\n    _c0 = jnp.sin(x1[..., 0])\n"
                               "    return _c0 * jnp.sum(x1)\n"))  # a data read after the reads
+
+
+def test_gathered_weights_beside_a_captured_table():
+    """Weights that are scalar parameters (not one matrix) are gathered through `_li`
+    tables; a user function's captured table is a const arg after them (symkern.load needs
+    both)."""
+    x = list(sp.symbols("x0:6"))
+    w = [[sp.Symbol(f"w{i}{j}") for j in range(6)] for i in range(12)]
+    lookup = sp.Function("lookup")
+    table = np.linspace(-1.0, 1.0, 64)
+
+    def lookup_jax(u):
+        return jnp.take(table, jnp.clip((u * 10 + 32).astype(jnp.int32), 0, 63))
+
+    eqs = [sp.tanh(sp.Add(*[w[i][j] * x[j] for j in range(6)])) for i in range(12)]
+    eqs.append(lookup(x[0]) * 2)
+    params = {f"w{i}{j}": w[i][j] for i in range(12) for j in range(6)}
+    kernel = sk.build_function(eqs, x, params=params, functions={"lookup": lookup_jax},
+                               dtype="float64", embed_max_bytes=0)
+    assert "jnp.tensordot(" in kernel.source and "_li0" in kernel.source
+    names = [c.name for c in kernel.const_args]
+    assert names[0].startswith("_li") and not names[-1].startswith("_li")  # tables, then the table
+    rng = np.random.default_rng(8)
+    values = {k: rng.normal() for k in params}
+    X = rng.normal(size=(10, 6)) * 0.5
+    W = np.array([[values[f"w{i}{j}"] for j in range(6)] for i in range(12)])
+    want = np.concatenate([np.tanh(X @ W.T), 2 * np.asarray(lookup_jax(X[:, 0]))[:, None]], 1)
+    got = np.stack(kernel(X, values), axis=-1)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    loaded = sk.load(kernel.export(X, values), kernel.const_args)
+    np.testing.assert_allclose(np.stack(loaded(X, values), axis=-1), want, rtol=1e-12)
