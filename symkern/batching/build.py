@@ -299,8 +299,8 @@ def build_function(
     kernel = Kernel(generated, function, signature, equations, timings, tuple(const_args),
                     progress, pieces)
     if is_vectorized(generated.module) or is_tiled(generated.module):
-        # its entries are rows of one array (a tiled body: 8-32-32-8 Jacobian 1.8 M/s either
-        # way): stacking them inside the program is a transpose,
+        # its entries are rows of one array (a tiled body: the 8-32-32-8 Jacobian ran 1.1-1.8
+        # M/s fused and separate alike): stacking them inside the program is a transpose,
         # as fast as two executables (10^5 ops: 1.84 vs 1.76 s at 100k, 13.0 vs 13.2 ms at
         # 1,024), so the probe's extra compile (3 s at 10^5, 19 s at 10^6) buys nothing
         kernel.assembly = "fused"

@@ -64,8 +64,6 @@ ELEMENTWISE = frozenset({"sin", "cos", "tan", "sinh", "cosh", "tanh", "exp", "ex
 #: const args holding the index tables and numeric coefficients
 TABLE = "_li"
 _PRODUCTS_NAME = re.compile(rf"{PRODUCTS}\d+$")
-#: the locals that hold a group's arrays
-BLOCK_NAME = re.compile(r"_l[vawbzh]\d+$")
 
 
 @dataclass

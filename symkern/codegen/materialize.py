@@ -22,7 +22,6 @@ import ast
 import copy
 from collections.abc import Sequence
 
-from symkern.codegen.contract import BLOCK_NAME
 from symkern.codegen.operations import count_and_reads
 from symkern.codegen.rules import KERNEL_NAME, _function, _return
 from symkern.errors import CodegenDriftError
@@ -152,8 +151,7 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
             if r in index:
                 reach[index[r]] |= reach[k]
     batched_names = data | {names[k] for k in range(len(statements)) if batched[k]}
-    # a block of matrix products (symkern.codegen.contract) is an array XLA keeps in memory
-    shared = [batched[k] and reach[k] & (reach[k] - 1) != 0 and not BLOCK_NAME.match(names[k])
+    shared = [batched[k] and reach[k] & (reach[k] - 1) != 0
               and is_costly(statements[k].value, batched_names) for k in range(len(statements))]
     if not any(shared):
         return None
