@@ -47,7 +47,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from symkern.codegen.rules import DATA_NAME, HoistedLiteral, _function, _return
+from symkern.codegen.rules import (
+    DATA_NAME,
+    HoistedLiteral,
+    _entries,
+    _function,
+    _return,
+    _single_assignments,
+)
 
 RULE = "contract_linear_forms"
 #: a group needs at least this many distinct per-sample inputs, members and weights
@@ -275,19 +282,16 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype, hoisted: list[Hoi
     `module` and `hoisted` untouched, when the body is not a straight-line scalar body or no
     group is large enough."""
     function = _function(module, RULE)
-    returned = _return(function, RULE)
-    statements = function.body[:-1]
-    if not all(isinstance(s, ast.Assign) and len(s.targets) == 1
-               and isinstance(s.targets[0], ast.Name) for s in statements):
-        return None  # vectorized, or a form this rule does not know
+    body_found = _single_assignments(function, RULE)
+    if body_found is None:
+        return None  # vectorized, a name assigned twice, or a form this rule does not know
+    statements, returned = body_found
     data = {a.arg for a in function.args.args if DATA_NAME.match(a.arg)}
     if not data or is_contracted(module):
         return None
     uses: Counter = Counter(n.id for n in ast.walk(function)
                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
-    body = _Body(statements, returned.value, data, uses)  # type: ignore[arg-type]
-    if len(body.index) != len(body.names):
-        return None  # a name assigned twice
+    body = _Body(statements, returned.value, data, uses)
     atoms = _Atoms()
     groups: dict[frozenset, list[_Form]] = defaultdict(list)
     forms = _forms(statements, returned.value, body, atoms)  # type: ignore[arg-type]
@@ -306,7 +310,7 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype, hoisted: list[Hoi
         if any(body.index.get(n, -1) >= first for n in needed):
             continue  # an input or coefficient defined after the first member
         chosen.append((first, inputs, members))
-    entries = returned.value.elts if isinstance(returned.value, ast.Tuple) else [returned.value]
+    entries = _entries(returned.value)
     if not chain_rule:
         chosen = _kept_as_blocks(chosen, forms, statements, entries, body, uses)
     if not chosen:
@@ -360,8 +364,7 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype, hoisted: list[Hoi
     # const args come first, in the order of `hoisted`; the tables go after them
     position = next(k for k, a in enumerate(function.args.args) if DATA_NAME.match(a.arg))
     function.args.args[position:position] = [ast.arg(name) for name, _ in new_tables]
-    everything = tuple(range(len(returned.value.elts) if isinstance(returned.value, ast.Tuple)
-                            else 1))
+    everything = tuple(range(len(entries)))
     hoisted.extend(HoistedLiteral(name, value, everything) for name, value in new_tables)
     ast.fix_missing_locations(module)
     return ContractedBody(len(chosen), sum(len(c[2]) for c in chosen), weights)
@@ -579,7 +582,7 @@ def tile(module: ast.Module) -> bool:
                         for statement in [*rest, returned] for n in ast.walk(statement)):
         return False
     names = [s.targets[0].id for s in statements[:reads]]  # type: ignore[attr-defined]
-    entries = returned.value.elts if isinstance(returned.value, ast.Tuple) else [returned.value]
+    entries = _entries(returned.value)
     count = len(entries)
     header = [f"{name} = {TILE_ROWS}[{k}]" for k, name in enumerate(names)]
     outputs = ", ".join(f"jnp.broadcast_to({ast.unparse(e)}, {TILE_ROWS}.shape[1:])"

@@ -23,7 +23,7 @@ import copy
 from collections.abc import Sequence
 
 from symkern.codegen.operations import count_and_reads
-from symkern.codegen.rules import KERNEL_NAME, _function, _return
+from symkern.codegen.rules import KERNEL_NAME, _entries, _function, _single_assignments
 from symkern.errors import CodegenDriftError
 
 #: `jnp.<name>` calls that cost a polynomial evaluation or more per element
@@ -102,20 +102,6 @@ def is_costly(node: ast.AST, batched: set[str]) -> bool:
     return False
 
 
-def _straight_line(function: ast.FunctionDef) -> tuple[list[ast.Assign], ast.Return] | None:
-    ret = _return(function, RULE)
-    statements = function.body[:-1]
-    for statement in statements:
-        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name)):
-            return None  # not a scalar body (vectorized, or a form this rule does not know)
-    return statements, ret  # type: ignore[return-value]
-
-
-def _entries(result: ast.expr) -> list[ast.expr]:
-    return list(result.elts) if isinstance(result, ast.Tuple) else [result]
-
-
 def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Module | None:
     """`module` with every costly, data-dependent value that two or more returned entries
     read (directly or through other locals) computed once inside `lax.cond`; None when the
@@ -127,14 +113,12 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
     if function.name != KERNEL_NAME:
         raise CodegenDriftError(f"{RULE}: expected the function {KERNEL_NAME}(...), "
                                 f"found {function.name}")
-    body = _straight_line(function)
+    body = _single_assignments(function, RULE)
     if body is None or not data_names:
         return None
     statements, ret = body
     names = [s.targets[0].id for s in statements]  # type: ignore[attr-defined]
     index = {name: k for k, name in enumerate(names)}
-    if len(index) != len(names):
-        return None  # a name assigned twice: not the single-assignment form this rule reads
     reads = [count_and_reads(s.value)[1] for s in statements]
     data = set(data_names)
     batched = [False] * len(statements)

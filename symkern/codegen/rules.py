@@ -58,6 +58,28 @@ def _return(function: ast.FunctionDef, rule: str) -> ast.Return:
     return last
 
 
+def _single_assignments(function: ast.FunctionDef,
+                        rule: str) -> tuple[list[ast.Assign], ast.Return] | None:
+    """The statements before the return and the return, when each statement assigns one
+    name and no name twice; None for any other body (vectorized, tiled, materialized)."""
+    ret = _return(function, rule)
+    statements = function.body[:-1]
+    names = set()
+    for statement in statements:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            return None
+        names.add(statement.targets[0].id)
+    if len(names) != len(statements):
+        return None  # a name assigned twice: not the single-assignment form
+    return statements, ret  # type: ignore[return-value]
+
+
+def _entries(result: ast.expr) -> list[ast.expr]:
+    """The returned entries: a tuple's elements, or the one value."""
+    return list(result.elts) if isinstance(result, ast.Tuple) else [result]
+
+
 def _located(statement: ast.stmt) -> ast.stmt:
     """A new statement with source positions (ast.unparse reads them; compile fixes the rest).
 
