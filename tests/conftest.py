@@ -3,7 +3,9 @@
 import os
 
 import jax
+import pytest
 from hypothesis import HealthCheck, settings
+from jax import monitoring
 
 jax.config.update("jax_enable_x64", True)
 
@@ -25,3 +27,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def compile_events():
+    """The function name of every XLA compile from here to the test's end."""
+    events = []
+
+    def listener(name, duration, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            events.append(kwargs.get("fun_name"))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    yield events
+    monitoring.unregister_event_duration_listener(listener)

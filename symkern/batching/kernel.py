@@ -10,6 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,25 +399,41 @@ class Kernel:
     def _note_compilation(self, jitted: Any, key: tuple, prepared: tuple,
                           counted: bool = True) -> None:
         """Compile ahead of the first call for each batch shape, timing lower and compile."""
-        if key in self._seen:
+        self._note_compilations([(jitted, key, prepared, counted)])
+
+    def _note_compilations(self, jobs: Sequence[tuple]) -> None:
+        """`_note_compilation` for several `(jitted, key, arguments, counted)` at once.
+
+        Traced and lowered in turn, then compiled in parallel: XLA's compile releases
+        the GIL, so the probe's two forms cost about one compile's time, not the sum.
+        """
+        if all(job[1] in self._seen for job in jobs):
             return
         with self._lock:
-            if key in self._seen:
+            jobs = [job for job in jobs if job[1] not in self._seen]
+            if not jobs:
                 return
             first = not self._seen
             stopwatch = Stopwatch(progress=self._progress if first else False,
                                   label="symkern first call", stages=CALL_STAGES)
-            with stopwatch.stage("trace"):
-                traced = jitted.trace(*prepared)
-            with stopwatch.stage("lower"):
-                lowered = traced.lower()
+            lowered = []
+            for jitted, _, arguments, _ in jobs:
+                with stopwatch.stage("trace"):
+                    traced = jitted.trace(*arguments)
+                with stopwatch.stage("lower"):
+                    lowered.append(traced.lower())
             with stopwatch.stage("xla_compile"):
-                lowered.compile()
+                if len(lowered) == 1:
+                    lowered[0].compile()
+                else:
+                    with ThreadPoolExecutor(len(lowered)) as pool:
+                        list(pool.map(lambda low: low.compile(), lowered))
             stopwatch.close()
             if first:
                 self.timings.update(stopwatch.timings)
-            self._compilations += counted
-            self._seen.add(key)
+            for _, key, _, counted in jobs:
+                self._compilations += counted
+                self._seen.add(key)
 
     def _execute_split(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
         const_values, data, parameter_leaves = prepared
@@ -468,48 +485,57 @@ class Kernel:
             return True
         return None if self.assembly is None else self.assembly == "fused"
 
-    def _run_raw(self, jitted: Any, kind: str, shapes: set, prepared: tuple,
-                 batch_shape: tuple[int, ...], raw: tuple | None, register: bool) -> Any:
-        """`jitted(const_values, raw)` on the call's own arguments, or NOT_TAKEN.
+    def _fused_job(self, prepared: tuple, batch_shape: tuple[int, ...],
+                   raw: tuple | None) -> tuple:
+        """`(jitted, key, arguments, counted)` of the one-executable form.
 
-        Compiled for the signature of `raw` (a Python float stays weakly typed), so that
-        repeating the call takes the direct path (`__call__`), to which `register` adds
-        the shape of `raw`'s first data argument.
+        On the call's own arguments when jit takes them (a Python float stays weakly
+        typed), so that repeating the call takes the direct path (`__call__`).
         """
-        if raw is None or not _jit_takes(raw):
-            return NOT_TAKEN
-        const_values, data, _ = prepared
-        self._note_compilation(jitted, (kind, batch_shape, "raw"), (const_values, raw),
-                               counted=False)
-        result = jitted(const_values, raw)
-        if register:
-            shapes.add(tuple(data[0].shape))
+        const_values, data, parameter_leaves = prepared
+        if raw is not None and _jit_takes(raw):
+            return (self._direct, ("fused", batch_shape, "raw"), (const_values, raw), False)
+        args = data
+        if self.signature.has_parameters:
+            args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                  parameter_leaves),)
+        return (self._direct, ("fused", batch_shape), (const_values, args), False)
+
+    def _entries_job(self, prepared: tuple, batch_shape: tuple[int, ...],
+                     raw: tuple | None) -> tuple:
+        """`_fused_job` for the entries' executable of the two-executable form."""
+        if raw is not None and _jit_takes(raw):
+            return (self._direct_entries, ("entries", batch_shape, "raw"),
+                    (prepared[0], raw), False)
+        return (self._compute_jitted, ("entries", batch_shape), prepared, True)
+
+    def _assembly_job(self, batch_shape: tuple[int, ...]) -> tuple:
+        """`_fused_job` for the assembly executable: one entry per scalar of each leaf."""
+        count = sum(math.prod(shape) for shape in self.equations.shapes)
+        entry = jax.ShapeDtypeStruct(batch_shape, self.dtype)
+        return (self._assemble_jitted, ("assembly", batch_shape), ((entry,) * count,), False)
+
+    def _run_job(self, job: tuple, prepared: tuple, shapes: set, register: bool) -> Any:
+        """Compile `job` unless done, run it; a call's own arguments register its shape
+        with the direct path (`shapes`) when `register`."""
+        jitted, key, arguments, _ = job
+        self._note_compilations([job])
+        result = jitted(*arguments)
+        if register and key[-1] == "raw":
+            shapes.add(tuple(prepared[1][0].shape))
         return result
 
     def _execute_fused(self, prepared: tuple, batch_shape: tuple[int, ...],
                        raw: tuple | None, register: bool = True) -> Any:
         """Entries and their assembly in one executable (the direct path's function)."""
-        result = self._run_raw(self._direct, "fused", self._direct_shapes, prepared,
-                               batch_shape, raw, register)
-        if result is not NOT_TAKEN:
-            return result
-        const_values, data, parameter_leaves = prepared
-        args = data
-        if self.signature.has_parameters:
-            args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
-                                                  parameter_leaves),)
-        self._note_compilation(self._direct, ("fused", batch_shape), (const_values, args),
-                               counted=False)
-        return self._direct(const_values, args)
+        return self._run_job(self._fused_job(prepared, batch_shape, raw), prepared,
+                             self._direct_shapes, register)
 
     def _execute_separate(self, prepared: tuple, batch_shape: tuple[int, ...],
                           raw: tuple | None = None, register: bool = True) -> Any:
         """The entries' executable, then the assembly executable."""
-        entries = self._run_raw(self._direct_entries, "entries", self._separate_shapes,
-                                prepared, batch_shape, raw, register)
-        if entries is NOT_TAKEN:
-            self._note_compilation(self._compute_jitted, ("entries", batch_shape), prepared)
-            entries = self._compute_jitted(*prepared)
+        entries = self._run_job(self._entries_job(prepared, batch_shape, raw), prepared,
+                                self._separate_shapes, register)
         return self._assemble_jitted(entries)
 
     def _probe(self, prepared: tuple, batch_shape: tuple[int, ...], raw: tuple | None) -> Any:
@@ -529,7 +555,10 @@ class Kernel:
                                                            register=False)}
         best = {name: float("inf") for name in runs}
         result = None
-        for run in runs.values():  # compile and warm up
+        self._note_compilations([self._fused_job(prepared, batch_shape, raw),
+                                 self._entries_job(prepared, batch_shape, raw),
+                                 self._assembly_job(batch_shape)])
+        for run in runs.values():  # warm up
             result = jax.block_until_ready(run())
         timed_from = time.perf_counter()
         for rounds in range(1, PROBE_MAX_ROUNDS + 1):

@@ -56,6 +56,21 @@ def test_the_probe_runs_once_and_keeps_one_choice():
     assert kernel.timings["assembly_probe"] == probed
 
 
+def test_the_probe_compiles_each_form_once_and_later_calls_none(compile_events):
+    kernel = build()
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(PROBE_FROM, 2))
+    assert_reference(kernel(X, {"a": 0.5}), X, 0.5)
+    # one executable; the entries' and the assembly's (compiled together, before timing)
+    assert sorted(compile_events) == ["jit(_assemble_entries)", "jit(_compute_arguments)",
+                                      "jit(_evaluate_arguments)"]
+    compile_events.clear()
+    for value in (0.25, 3.0):
+        X = rng.normal(size=(PROBE_FROM, 2))
+        assert_reference(kernel(X, {"a": value}), X, value)
+    assert compile_events == []
+
+
 def test_threads_racing_the_first_large_call_probe_once():
     kernel = build()
     X = np.random.default_rng(2).normal(size=(256, 2))

@@ -5,7 +5,6 @@ import pytest
 import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
-from jax import monitoring
 
 import symkern as sk
 from symkern.batching.buckets import EXACT_SHAPES, bucket_size
@@ -22,15 +21,6 @@ def test_bucket_is_at_least_the_size_and_wastes_under_an_eighth(n):
 def test_buckets_per_octave_are_bounded():
     # eight buckets inside the octave, and its top for sizes just under 2048
     assert sorted({bucket_size(n) for n in range(1024, 2048)}) == [1024 + 128 * k for k in range(9)]
-
-
-@pytest.fixture
-def compile_events():
-    events = []
-    monitoring.register_event_duration_secs_listener(
-        lambda name, duration, **kwargs: events.append(kwargs.get("fun_name"))
-        if name == "/jax/core/compile/backend_compile_duration" else None)
-    return events
 
 
 @pytest.mark.parametrize("assembly, executables", [("fused", 1), ("separate", 2)])
