@@ -195,6 +195,8 @@ def _per_sample_shape(obj: Any, *, data: bool) -> tuple[int, ...]:
     if isinstance(obj, (list, tuple)):
         return (len(obj),)
     rows, cols = (int(d) for d in obj.shape)
+    if data and isinstance(obj, sp.MatrixSymbol):
+        return (rows, cols)  # its declared shape, as DESIGN.md writes it
     if cols == 1:
         return (rows,)
     if rows == 1 and data:

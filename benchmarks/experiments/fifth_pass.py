@@ -35,18 +35,21 @@ NETWORKS = ["net-4-16-16-4", "net-8-32-32-8", "jac-4-16-16-4", "jac-8-32-32-8"]
 
 
 def _nn(wl, chunk):
-    """A structured kernel of the workload's network with `tile_chunk` = `chunk`."""
+    """A structured kernel of the workload's network with `tile_chunk` = `chunk` ("default":
+    the kernel's own choice)."""
     def call(X, ps):
         return kernel(X, ps)
 
     snn = sk.SymbolicNetwork(wl.make_net())
     eqs = sk.jacobian(snn.output, snn.input) if wl.jacobian else snn.output
     kernel = sk.build_nn_function(eqs, snn)
-    kernel.tile_chunk = chunk
+    if chunk != "default":
+        kernel.tile_chunk = chunk
     return kernel, call
 
 
-def measure(name: str, chunks: list[int | None], batch: int, rounds: int) -> None:
+def measure(name: str, chunks: list, batch: int, rounds: int,
+            tools: list[str]) -> None:
     wl = workloads.build(name)
     X = wl.sample(batch)
     X32 = jax.device_put(X.astype(np.float32))
@@ -57,10 +60,11 @@ def measure(name: str, chunks: list[int | None], batch: int, rounds: int) -> Non
         start = time.perf_counter()
         kernel, call = _nn(wl, chunk)
         jax.block_until_ready(call(X32[:1024], ps))
-        label = f"symkern-nn, tile_chunk={chunk}"
+        label = (f"symkern-nn, default ({kernel.tile_chunk})" if chunk == "default"
+                 else f"symkern-nn, tile_chunk={chunk}")
         calls[label] = lambda call=call: call(X32, ps)
         notes[label] = (time.perf_counter() - start, kernel.largest_intermediate())
-    for tool in ("symkern", "sympy2jax", "jax-hand"):
+    for tool in tools:
         adapter = ADAPTERS[tool](wl)
         start = time.perf_counter()
         adapter.build()
@@ -79,7 +83,8 @@ def measure(name: str, chunks: list[int | None], batch: int, rounds: int) -> Non
             jax.block_until_ready(calls[label]())
             times[label].append(time.perf_counter() - start)
     reference = np.asarray(jax.tree_util.tree_leaves(calls[labels[0]]())[0])
-    best = max(batch / statistics.median(times[t]) for t in ("sympy2jax", "jax-hand"))
+    anchors = [t for t in ("sympy2jax", "jax-hand") if t in times]
+    best = max((batch / statistics.median(times[t]) for t in anchors), default=float("nan"))
     for label in labels:
         rate = batch / statistics.median(times[label])
         first, largest = notes[label]
@@ -97,16 +102,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--workloads", default=",".join(NETWORKS))
-    parser.add_argument("--chunks", default="none,512,1024,4096")
+    parser.add_argument("--chunks", default="none,1024,4096,16384,default",
+                        help="tile_chunk values: none (whole batch), sizes, default")
+    parser.add_argument("--tools", default="symkern,sympy2jax,jax-hand",
+                        help="the other rows (compare.py's adapters); empty for none")
     args = parser.parse_args()
-    chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
+    chunks = [None if c == "none" else c if c == "default" else int(c)
+              for c in args.chunks.split(",")]
     print(f"jax {jax.__version__}, batch {args.batch:,}, float32, median of {args.rounds} "
           "interleaved rounds")
     print("| workload | variant | largest per-sample intermediate | first result at 1,024 (s) | "
           "M samples/s | / best anchor (sympy2jax, jax-hand) | max abs diff to the first |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.workloads.split(","):
-        measure(name, chunks, args.batch, args.rounds)
+        measure(name, chunks, args.batch, args.rounds, [t for t in args.tools.split(",") if t])
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from symkern.symbolic.arguments import (
     equation_set,
     parameter_arguments,
 )
+from symkern.symbolic.networks import SymbolicNetwork
+from symkern.symbolic.structured import StructuredNetwork
 
 logger = logging.getLogger("symkern")
 
@@ -326,6 +328,9 @@ def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Ke
     """
     if "params" in options:
         raise BuildError("params: build_nn_function takes the parameters from snn.params")
+    if not isinstance(snn, (SymbolicNetwork, StructuredNetwork)):
+        raise BuildError(f"snn: expected a SymbolicNetwork, got {type(snn).__name__}; "
+                         "wrap the network: SymbolicNetwork(net)")
     if getattr(snn, "structured", False):
         from symkern.batching.structured import build_structured_function
 

@@ -348,10 +348,18 @@ class Kernel:
         for spec, value in zip(self.signature.data, data, strict=True):
             array = self._as_array(value, spec.label)
             shape = tuple(np.shape(array))
+            declared = spec.declared_shape
+            if (spec.matrix_symbols and declared != spec.shape and len(shape) >= 2
+                    and shape[-2:] == declared):
+                # a MatrixSymbol with a side of 1 (a vector) given as (..., rows, cols)
+                shape = shape[:-2] + spec.shape
+                array = array.reshape(shape)
             rank = len(spec.shape)
             if len(shape) < rank or shape[len(shape) - rank:] != spec.shape:
+                also = (f" or {_shape_text(('...',) + declared)}"
+                        if spec.matrix_symbols and declared != spec.shape else "")
                 raise ArgumentError(
-                    f"{spec.label}: expected shape {_shape_text(('...',) + spec.shape)}, "
+                    f"{spec.label}: expected shape {_shape_text(('...',) + spec.shape)}{also}, "
                     f"got {_shape_text(shape)}"
                 )
             this_batch = shape[: len(shape) - rank]
@@ -515,26 +523,26 @@ class Kernel:
         entry = jax.ShapeDtypeStruct(batch_shape, self.dtype)
         return (self._assemble_jitted, ("assembly", batch_shape), ((entry,) * count,), False)
 
-    def _run_job(self, job: tuple, prepared: tuple, shapes: set, register: bool) -> Any:
+    def _run_job(self, job: tuple, shapes: set, register: bool) -> Any:
         """Compile `job` unless done, run it; a call's own arguments register its shape
         with the direct path (`shapes`) when `register`."""
         jitted, key, arguments, _ = job
         self._note_compilations([job])
         result = jitted(*arguments)
         if register and key[-1] == "raw":
-            shapes.add(tuple(prepared[1][0].shape))
+            shapes.add(tuple(np.shape(arguments[1][0])))  # as the direct path compares it
         return result
 
     def _execute_fused(self, prepared: tuple, batch_shape: tuple[int, ...],
                        raw: tuple | None, register: bool = True) -> Any:
         """Entries and their assembly in one executable (the direct path's function)."""
-        return self._run_job(self._fused_job(prepared, batch_shape, raw), prepared,
-                             self._direct_shapes, register)
+        return self._run_job(self._fused_job(prepared, batch_shape, raw), self._direct_shapes,
+                             register)
 
     def _execute_separate(self, prepared: tuple, batch_shape: tuple[int, ...],
                           raw: tuple | None = None, register: bool = True) -> Any:
         """The entries' executable, then the assembly executable."""
-        entries = self._run_job(self._entries_job(prepared, batch_shape, raw), prepared,
+        entries = self._run_job(self._entries_job(prepared, batch_shape, raw),
                                 self._separate_shapes, register)
         return self._assemble_jitted(entries)
 
@@ -574,7 +582,7 @@ class Kernel:
         self._probed_size = math.prod(batch_shape)
         if raw is not None and _jit_takes(raw):
             shapes = self._direct_shapes if self.assembly == "fused" else self._separate_shapes
-            shapes.add(tuple(prepared[1][0].shape))
+            shapes.add(tuple(np.shape(raw[0])))
         self.timings["assembly_probe"] = (self.timings.get("assembly_probe", 0.0)
                                           + time.perf_counter() - start)
         return result

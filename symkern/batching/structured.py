@@ -34,13 +34,17 @@ from symkern.symbolic.arguments import (
 from symkern.symbolic.structured import StructuredNetwork, plan_structured
 
 #: a structured kernel whose largest per-sample intermediate has TILE_FROM_VALUES values or
-#: more runs its batch TILE_CHUNK samples at a time (`lax.map`), so that each layer's
-#: arrays stay in cache between layers instead of going through memory: measured in one
-#: process at batch 100k (benchmarks/experiments/fifth_pass.py, docs/benchmarks.md),
-#: a 4-16-16-4 network's Jacobian (64 values per sample) ran 2.2-3.3x faster tiled, its
-#: output (16 values) 0.9x; chunks of 1,024 beat 4,096 and 16,384
-TILE_CHUNK = 1024
-TILE_FROM_VALUES = 32
+#: more, and at least TILE_OVER_OUTPUT times the values its outputs hold per sample, runs its
+#: batch TILE_CHUNK samples at a time (`lax.map`), so that each layer's arrays stay in cache
+#: between layers instead of going through memory. Measured in one process at batch 100k
+#: (benchmarks/experiments/fifth_pass.py, benchmarks/structured.py; docs/benchmarks.md):
+#: the 4-16-16-4 and 8-32-32-8 Jacobians (64 and 256 values per sample, outputs 16 and 64)
+#: ran 2.0-2.3x faster in chunks of 4,096 (1,024: 1.6-1.9x; 16,384: 1.4-3.0x); outputs of
+#: 16 and 32 values per layer 0.5-0.8x, and per-sample parameter gradients (whose largest
+#: arrays are outputs, which go to memory anyway) 0.6-0.7x
+TILE_CHUNK = 4096
+TILE_FROM_VALUES = 64
+TILE_OVER_OUTPUT = 2
 
 
 class StructuredKernel(Kernel):
@@ -58,10 +62,13 @@ class StructuredKernel(Kernel):
         self.layout = layout
         self._needs_assembly = layout.needs_assembly
         #: batches above this many samples run this many at a time (`lax.map`); None: whole.
-        #: Set from the largest per-sample intermediate (TILE_FROM_VALUES); settable
-        #: before the first call of a shape (a shape already compiled keeps its form).
+        #: Set from the largest per-sample intermediate against the outputs (TILE_FROM_VALUES,
+        #: TILE_OVER_OUTPUT); settable before the first call of a shape (a shape already
+        #: compiled keeps its form).
         self.tile_chunk: int | None = None
-        if self.largest_intermediate() >= TILE_FROM_VALUES:
+        largest = self.largest_intermediate()
+        outputs = sum(math.prod(shape) for shape in self.equations.shapes)
+        if largest >= TILE_FROM_VALUES and largest >= TILE_OVER_OUTPUT * outputs:
             self.tile_chunk = TILE_CHUNK
 
     def largest_intermediate(self) -> int:
@@ -146,7 +153,10 @@ def _network_parameter_specs(snn: StructuredNetwork, extra: Any) -> tuple[list[A
         if path in extra_specs:
             specs.append(extra_specs[path])
         else:
-            specs.append(ArgumentSpec(format_path(path), snn.parameter_shapes[path], (), (), path))
+            shape = snn.parameter_shapes[path]
+            # a bias (out,) also taken as (out, 1), as a scalarized network's n×1 Matrix is
+            declared = shape + (1,) if len(shape) == 1 else None
+            specs.append(ArgumentSpec(format_path(path), shape, (), (), path, declared))
     return specs, treedef
 
 

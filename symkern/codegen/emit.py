@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import sympy as sp
 from sympy.core.function import AppliedUndef
+from sympy.logic.boolalg import ITE
 from sympy.matrices.expressions.matexpr import MatrixElement
 from sympy.printing.numpy import JaxPrinter
 from sympy.utilities.lambdify import _EvaluatorPrinter
@@ -21,6 +24,7 @@ from symkern.codegen.linearize import linearize
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+from symkern.symbolic.structured import NetworkFunction
 
 #: the name SymPy's lambdify gives the functions it prints; kept so drift tests compare like
 #: with like.
@@ -77,13 +81,51 @@ def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
         stack.extend(reversed(node.args))
 
 
+#: integers at least this large print as floats: JAX takes a Python int as a 32-bit integer
+#: (64-bit under x64) and raises OverflowError beyond it, while the kernel computes in floats
+LARGE_INTEGER = 2**31
+
+
+class _KernelPrinter(JaxPrinter):
+    """SymPy's JAX printer, with integers (and rationals) beyond 32 bits as float literals."""
+
+    def _print_Integer(self, expr: sp.Integer) -> str:
+        if abs(expr.p) >= LARGE_INTEGER:
+            return _float_literal(expr)
+        return super()._print_Integer(expr)
+
+    def _print_Rational(self, expr: sp.Rational) -> str:
+        if max(abs(expr.p), expr.q) >= LARGE_INTEGER:
+            return _float_literal(expr)
+        return super()._print_Rational(expr)
+
+    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
+        # SymPy writes a comparison of a Piecewise (an elu layer of elu layers) as an ITE,
+        # and the NumPy printer runs simplify_logic on such a condition: exponential in its
+        # size (a 2-3-2 elu network took 33 s to print). Its negation normal form
+        # (`ITE(a, b, c)` → `(a | c) & (~a | b)`, negations folded into the comparisons)
+        # is the same condition, printed as it stands.
+        if any(arg.cond.has(ITE) for arg in expr.args):
+            expr = sp.Piecewise(*((arg.expr, arg.cond.to_nnf() if arg.cond.has(ITE) else arg.cond)
+                                  for arg in expr.args), evaluate=False)
+        return super()._print_Piecewise(expr)
+
+
+def _float_literal(number: sp.Rational) -> str:
+    """`number` as a float literal; beyond float range `1e999` (inf), as float() gives."""
+    value = float(number)
+    if math.isinf(value):
+        return "1e999" if value > 0 else "(-1e999)"
+    return repr(value) if value >= 0 else f"({value!r})"
+
+
 def _printer(user_functions: Mapping[str, str]) -> JaxPrinter:
     # The settings sympy.lambdify passes for modules="jax"; printing function names bare
     # (not fully qualified) is what resolve_callees normalises. Undefined functions are
     # printed under generated names, so a user's function name never becomes code.
     # "order": "none" keeps the argument order linearize fixed (deterministic) and spares
     # the printer its recursive sort keys, which dominated printing time at scale.
-    return JaxPrinter({
+    return _KernelPrinter({
         "fully_qualified_modules": False,
         "inline": True,
         "allow_unknown_functions": True,
@@ -115,6 +157,19 @@ def _declared(arguments: Sequence[ArgumentSpec]) -> set[sp.Basic]:
     return declared
 
 
+#: what SymPy leaves unevaluated and a kernel cannot compute as it stands (their bound
+#: variables would otherwise be reported as free symbols)
+UNEVALUATED = (sp.Sum, sp.Product, sp.Integral, sp.Derivative)
+
+
+def without_dirac_delta(expr: Any) -> Any:
+    """`expr` with every `DiracDelta` as 0: its value wherever it has one, and what JAX's
+    derivatives give (the second derivative of a relu or Heaviside network). Unchanged
+    (the same object) when it holds none."""
+    deltas = {node: sp.S.Zero for node in walk([expr]) if isinstance(node, sp.DiracDelta)}
+    return expr.xreplace(deltas) if deltas else expr
+
+
 def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) -> list[str]:
     """Unsupported SymPy functions raise; undefined ones must be in `functions`."""
     undefined: dict[str, None] = {}
@@ -123,6 +178,23 @@ def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object])
             raise BuildError(
                 "eqs: complex infinity (zoo, e.g. from 1/0) has no real value; "
                 "remove the division by zero or use Piecewise"
+            )
+        if node is sp.I:
+            raise BuildError(
+                "eqs: the imaginary unit I has no value in a kernel, which computes in real "
+                "numbers; rewrite the expression in real form first (e.g. a root from "
+                "sp.solve written with I: solve over real symbols, or take sp.re(...) and simplify)"
+            )
+        if isinstance(node, NetworkFunction):
+            raise BuildError(
+                f"eqs: holds {type(node).__name__}, a network compiled as an array program (a "
+                "layer above 64 weights, or structured=True); build it with "
+                "build_nn_function(eqs, snn), or scalarize it: SymbolicNetwork(net, structured=False)"
+            )
+        if isinstance(node, UNEVALUATED):
+            raise UnsupportedFunctionError(
+                f"eqs: unevaluated {type(node).__name__} has no JAX implementation in symkern; "
+                "evaluate it first (.doit()) or write it out"
             )
         if isinstance(node, AppliedUndef):
             name = type(node).__name__
@@ -192,10 +264,10 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    leaves = list(equations.leaves)
+    leaves = [without_dirac_delta(leaf) for leaf in equations.leaves]
     nodes = list(walk(leaves))
-    _check_free_symbols(nodes, arguments)
     undefined = _check_functions(nodes, functions)
+    _check_free_symbols(nodes, arguments)
 
     substitutions: dict[sp.Basic, sp.Basic] = {}
     printed_arguments = []

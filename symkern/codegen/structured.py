@@ -28,7 +28,14 @@ from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen import rules
 from symkern.codegen.callee import CALLEE_TABLE, dotted_name, target_node
-from symkern.codegen.emit import CSE_PREFIX, FUNCTION_NAME, EmittedCode, _check_functions, _printer
+from symkern.codegen.emit import (
+    CSE_PREFIX,
+    FUNCTION_NAME,
+    EmittedCode,
+    _check_functions,
+    _printer,
+    without_dirac_delta,
+)
 from symkern.codegen.pipeline import FLOAT32, GeneratedCode, generate, print_source
 from symkern.errors import CodegenDriftError
 from symkern.symbolic.arguments import ArgumentSpec, equation_set
@@ -96,12 +103,13 @@ def activation_template(forms: ActivationForms, orders: int) -> ActivationTempla
     """Print σ … σ⁽ᵒʳᵈᵉʳˢ⁾ of `forms` as SymPy would for `lambdify(_a0, …, modules="jax")`."""
     argument = sp.Symbol("_a0")  # a generated name: the user's activation never names code
     exprs = [forms.value, forms.first, forms.second][: orders + 1]
-    exprs = [e.xreplace({forms.variable: argument}) for e in exprs]
+    exprs = [without_dirac_delta(e.xreplace({forms.variable: argument})) for e in exprs]
     _check_functions(list(rules_walk(exprs)), {})
     replacements, reduced = sp.cse(exprs, symbols=sp.numbered_symbols(CSE_PREFIX), list=True)
     source = _EvaluatorPrinter(_printer({}), False).doprint(
         FUNCTION_NAME, [argument], tuple(reduced), cses=replacements)
-    module = rules.use_integer_pow(rules.resolve_callees(ast.parse(source), {}))
+    module = rules.use_integer_pow(rules.resolve_callees(
+        rules.unfold_reductions(ast.parse(source)), {}))  # relu: Max prints as reduce(...)
     function = module.body[0]
     returned = function.body[-1]
     if not isinstance(returned, ast.Return) or not isinstance(returned.value, ast.Tuple):

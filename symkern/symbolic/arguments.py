@@ -67,6 +67,9 @@ def _leaf_spec(obj: Any, label: str, path: tuple[Any, ...], *, vector_rows: bool
     if isinstance(obj, sp.Symbol):
         return ArgumentSpec(label, (), (obj,), (), path)
     if isinstance(obj, sp.MatrixSymbol):
+        if not all(isinstance(d, (int, sp.Integer)) for d in obj.shape):
+            raise BuildError(f"{label}: expected a MatrixSymbol of integer shape, got {obj} of "
+                             f"shape {obj.shape}")
         rows, cols = (int(d) for d in obj.shape)
         entries = tuple(obj[i, j] for i in range(rows) for j in range(cols))
         return ArgumentSpec(label, _matrix_shape(rows, cols, vector_rows=vector_rows), entries,
@@ -117,6 +120,15 @@ def _key_value(key: Any) -> Any:
     raise BuildError(f"params: unsupported pytree node key {key!r}")
 
 
+def _unprintable_key(key: Any) -> Any:
+    """The part of a dict key that generated code cannot write in `ps[key]`, or None:
+    keys are Python's own literals (or tuples of them), not SymPy or NumPy numbers
+    (`ast.Constant` takes no others)."""
+    if type(key) is tuple:
+        return next((bad for bad in map(_unprintable_key, key) if bad is not None), None)
+    return None if type(key) in (str, int, float, bool, type(None)) else key
+
+
 def is_symbolic_leaf(obj: Any) -> bool:
     return isinstance(obj, (sp.Basic, sp.MatrixBase, sp.NDimArray))
 
@@ -140,6 +152,12 @@ def parameter_arguments(params: Any) -> tuple[list[ArgumentSpec], Any]:
     for key_path, leaf in flat:
         path = tuple(_key_value(k) for k in key_path)
         label = format_path(path)
+        for key in path:
+            bad = _unprintable_key(key)
+            if bad is not None:
+                raise BuildError(f"params: key {bad!r} of {label} is a {type(bad).__name__}; "
+                                 "expected str, int, float, bool or None keys (str(key) or "
+                                 "int(key) converts it)")
         if not isinstance(leaf, (sp.Symbol, sp.MatrixSymbol, sp.MatrixBase)):
             raise BuildError(
                 f"{label}: expected a Symbol, a MatrixSymbol or a Matrix of symbols, "
@@ -216,7 +234,9 @@ def _equation_leaf(leaf: Any, where: str) -> tuple[sp.Basic, Shape]:
             raise BuildError(f"eqs{where}: expected a non-empty Matrix, got shape {leaf.shape}")
         return sp.ImmutableMatrix(leaf), _matrix_shape(rows, cols, vector_rows=False)
     if isinstance(leaf, sp.NDimArray):
-        if leaf.rank() == 0 or 0 in leaf.shape:
+        if leaf.rank() == 0:  # Array(expr): one value, a scalar equation
+            return _equation_leaf(leaf[()], where)
+        if 0 in leaf.shape:
             raise BuildError(f"eqs{where}: expected a non-empty Array, got shape {leaf.shape}")
         return sp.ImmutableDenseNDimArray(leaf), tuple(int(d) for d in leaf.shape)
     try:

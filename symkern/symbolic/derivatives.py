@@ -6,6 +6,8 @@ SymbolicNetwork from this package; nothing else of symkern.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import jax
@@ -110,6 +112,46 @@ def _scalar(scalar: Any) -> sp.Expr:
     return expr
 
 
+#: functions whose derivative SymPy writes through re/im unless their argument is real
+_COMPLEX_AWARE = (sp.Abs, sp.sign, sp.re, sp.im, sp.arg, sp.conjugate)
+
+
+def _over_the_reals(derivative: Any) -> Any:
+    """`derivative(eqs, wrt)` with every symbol of `eqs` taken as real, as kernels compute.
+
+    SymPy differentiates `Abs(u)` of symbols not declared real through `re(u)`, `im(u)`
+    and their unevaluated derivatives, which no kernel evaluates; over the reals it is
+    `sign(u)·u'`, what JAX's derivative of `abs` gives. Equations without such functions
+    are differentiated as they are.
+    """
+    signature = inspect.signature(derivative)
+
+    @functools.wraps(derivative)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        eqs, wrt = signature.bind(*args, **kwargs).arguments.values()
+        if not isinstance(eqs, (sp.Basic, sp.MatrixBase)) or not eqs.has(*_COMPLEX_AWARE):
+            return derivative(eqs, wrt)
+        free = eqs.free_symbols if isinstance(eqs, sp.Basic) else set().union(
+            *(e.free_symbols for e in eqs))
+        real = {s: sp.Dummy(s.name, real=True) for s in free
+                if isinstance(s, sp.Symbol) and not s.is_real}
+        if not real:
+            return derivative(eqs, wrt)
+        back = {dummy: s for s, dummy in real.items()}
+        result = derivative(eqs.xreplace(real), _replace_in_tree(wrt, real))
+        return _replace_in_tree(result, back)
+
+    return wrapped
+
+
+def _replace_in_tree(tree: Any, mapping: dict) -> Any:
+    if isinstance(tree, (list, tuple)) and not tree:
+        return tree
+    return jax.tree_util.tree_map(
+        lambda leaf: leaf.xreplace(mapping) if isinstance(leaf, (sp.Basic, sp.MatrixBase)) else leaf,
+        tree, is_leaf=_is_leaf)
+
+
 def _equations(eqs: Any) -> tuple[Shape, list[sp.Expr]]:
     """The shape (Expr: (), m×1: (m,), m×n: (m, n)) and row-major entries of `eqs`."""
     if isinstance(eqs, sp.MatrixBase):
@@ -120,6 +162,7 @@ def _equations(eqs: Any) -> tuple[Shape, list[sp.Expr]]:
     return (), [_scalar(eqs)]
 
 
+@_over_the_reals
 def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     """Derivative of `eqs` w.r.t. a data argument or each leaf of a parameter tree.
 
@@ -163,6 +206,7 @@ def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     return jax.tree_util.tree_unflatten(treedef, derivatives)
 
 
+@_over_the_reals
 def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     """Gradient of a scalar (an Expr or a 1×1 Matrix) w.r.t. data or a parameter tree.
 
@@ -193,6 +237,7 @@ def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     return jax.tree_util.tree_unflatten(treedef, gradients)
 
 
+@_over_the_reals
 def hessian(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix:
     """Hessian of a scalar w.r.t. data (n×n, SymPy's `hessian`) or a parameter tree.
 

@@ -158,8 +158,22 @@ expression, got 'swish'
     def __repr__(self) -> str:
         return f"Dense({self.n_in}, {self.n_out}, {_activation_label(self.activation)})"
 
-    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Glorot-uniform `W` (n_out, n_in) and zero `b` (n_out,), float64, drawn from `rng`."""
+    def init_params(self, rng: np.random.Generator | int | None = None, *,
+                    seed: int | None = None) -> dict[str, np.ndarray]:
+        """Glorot-uniform `W` (n_out, n_in) and zero `b` (n_out,), float64, drawn from `rng`
+        (a NumPy Generator, or a seed as `Chain.init_params` takes).
+
+        This layer's own `{"W", "b"}`; a network's tree (`{"L1": {...}}`, also for
+        `SymbolicNetwork(Dense(...))`) is `Chain(...).init_params(seed)`.
+        """
+        if seed is not None or not isinstance(rng, np.random.Generator):
+            if rng is not None and seed is not None:
+                raise BuildError("init_params: pass a Generator or a seed, not both")
+            given = seed if seed is not None else rng
+            if given is not None and not isinstance(given, (int, np.integer)):
+                raise BuildError(f"init_params: expected a numpy Generator or an int seed, got "
+                                 f"{type(given).__name__}")
+            rng = np.random.default_rng(0 if given is None else int(given))
         limit = np.sqrt(6.0 / (self.n_in + self.n_out))
         weight = rng.uniform(-limit, limit, size=(self.n_out, self.n_in))
         return {"W": weight.astype(np.float64), "b": np.zeros(self.n_out, dtype=np.float64)}

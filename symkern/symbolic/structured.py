@@ -105,7 +105,7 @@ class ActivationForms:
 
 
 #: one variable for every activation, so SymPy's own cache serves repeated derivatives
-_ACTIVATION_VARIABLE = sp.Dummy("z")
+_ACTIVATION_VARIABLE = sp.Dummy("z", real=True)  # real: |z|' is sign(z)
 
 
 @functools.lru_cache(maxsize=128)

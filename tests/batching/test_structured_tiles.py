@@ -109,12 +109,16 @@ def test_the_default_tiles_from_the_largest_per_sample_intermediate() -> None:
     snn = StructuredNetwork(Chain(Dense(4, 16, "tanh"), Dense(16, 16, "tanh"), Dense(16, 4, "tanh")))
     forward = build_structured_function(snn.output, snn)
     jacobian = build_structured_function(snn.output.jacobian(snn.input), snn)
+    gradient = build_structured_function(snn.parameter_gradient(sum(snn.output)), snn)
     # h1, h2: 16 values per sample; the Jacobian's 16x4 products: 64 (the weights, 256 each,
-    # do not count: they are the same for every sample)
+    # do not count: they are the same for every sample), four times its 16 outputs
     assert forward.largest_intermediate() == 16 < TILE_FROM_VALUES
     assert forward.tile_chunk is None
     assert jacobian.largest_intermediate() == 64 >= TILE_FROM_VALUES
     assert jacobian.tile_chunk == TILE_CHUNK
+    # per-sample gradients: the largest arrays (dW2, 256 values) are outputs themselves
+    assert gradient.largest_intermediate() >= TILE_FROM_VALUES
+    assert gradient.tile_chunk is None
 
 
 @pytest.fixture(scope="module")

@@ -238,6 +238,39 @@ def test_unsupportedfunctionerror_sympy():
            lambda: sk.build_function(sp.besselj(0, x0), x0))
 
 
+@pytest.mark.parametrize("eqs", [sp.Sum(b * x0, (b, 0, 3)), sp.Integral(sp.exp(-b**2), (b, 0, x0)),
+                                 sp.Product(b + x0, (b, 1, 2)), sp.Derivative(sp.Function("g")(x0), x0)])
+def test_unsupportedfunctionerror_unevaluated(eqs):
+    name = type(eqs).__name__
+    _check("unsupportedfunctionerror-unevaluated", sk.UnsupportedFunctionError,
+           rf"eqs: unevaluated {name} has no JAX implementation in symkern; evaluate it first "
+           r"\(\.doit\(\)\)", lambda: sk.build_function(eqs, x0))
+
+
+@pytest.mark.parametrize(("eqs", "pattern"), [
+    (x0 + 1 / sp.Integer(0), r"eqs: complex infinity \(zoo, e\.g\. from 1/0\) has no real value"),
+    (sp.I * x0, "eqs: the imaginary unit I has no value in a kernel, which computes in real numbers"),
+    (sp.solve(b**3 - 3 * b + x0, b)[0], "eqs: the imaginary unit I"),  # a real root, by Cardano
+])
+def test_builderror_complex(eqs, pattern):
+    _check("builderror-complex", sk.BuildError, pattern, lambda: sk.build_function(eqs, x0))
+
+
+@pytest.mark.parametrize("key", [a, np.int64(0), sp.Integer(1), (a, "W")])
+def test_builderror_parameter_key(key):
+    _check("builderror-parameter-key", sk.BuildError,
+           rf"params: key {re.escape(repr(key if not isinstance(key, tuple) else key[0]))} of ps.* "
+           r"expected str, int, float, bool or None keys",
+           lambda: sk.build_function(a * x0, x0, params={key: a}))
+
+
+def test_builderror_matrix_symbol_shape():
+    n = sp.Symbol("n", integer=True)
+    _check("builderror-matrix-symbol-shape", sk.BuildError,
+           r"x1: expected a MatrixSymbol of integer shape, got A of shape \(n, 2\)",
+           lambda: sk.build_function(x0, sp.MatrixSymbol("A", n, 2)))
+
+
 def test_unsupportedfunctionerror_undefined():
     _check("unsupportedfunctionerror-undefined", sk.UnsupportedFunctionError,
            re.escape('eqs: undefined function g() has no implementation; pass '
