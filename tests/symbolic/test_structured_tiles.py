@@ -14,6 +14,7 @@ import pytest
 import sympy as sp
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
+from test_structured import assert_close, random_params
 
 import symkern as sk
 from symkern.batching.structured import TILE_CHUNK, TILE_FROM_VALUES, build_structured_function
@@ -24,20 +25,6 @@ ACTIVATIONS = ["tanh", "sigmoid", "softplus", "sin", "gelu"]
 # each example compiles a kernel: few examples, no shrinking
 FAST = settings(max_examples=5, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 BATCHES = [(), (0,), (1,), (3,), (7,), (2, 5), (4, 3)]
-
-
-def random_params(net: Chain, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    return {name: {"W": rng.normal(0.0, 0.8, (layer.n_out, layer.n_in)),
-                   "b": rng.normal(0.0, 0.5, layer.n_out)}
-            for name, layer in net.named_layers()}
-
-
-def assert_close(got, want, rtol: float = 1e-12) -> None:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-300)
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
 
 
 @st.composite
