@@ -412,8 +412,10 @@ class Kernel:
     def _note_compilations(self, jobs: Sequence[tuple]) -> None:
         """`_note_compilation` for several `(jitted, key, arguments, counted)` at once.
 
-        Traced and lowered in turn, then compiled in parallel: XLA's compile releases
-        the GIL, so the probe's two forms cost about one compile's time, not the sum.
+        Traced and lowered in turn, then compiled in parallel threads (XLA's compile
+        releases the GIL). With cores to spare the probe's forms cost about one compile's
+        time; on a 2-core machine, where XLA compiles one program on both cores already,
+        the pendulum's three went 0.23 → 0.18 s (docs/benchmarks.md, fifth pass).
         """
         if all(job[1] in self._seen for job in jobs):
             return

@@ -264,8 +264,11 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    leaves = [without_dirac_delta(leaf) for leaf in equations.leaves]
+    leaves = list(equations.leaves)
     nodes = list(walk(leaves))
+    if any(isinstance(node, sp.DiracDelta) for node in nodes):
+        leaves = [without_dirac_delta(leaf) for leaf in leaves]
+        nodes = list(walk(leaves))
     undefined = _check_functions(nodes, functions)
     _check_free_symbols(nodes, arguments)
 
