@@ -453,6 +453,20 @@ def interleave_job(name: str, directory: Path, tools: list[str], cfg: dict) -> d
     return result
 
 
+def round_robin(calls: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Seconds each of `calls` took in each of `rounds` rounds. A round calls every one once,
+    starting one later than the round before, so no call always follows the same neighbour.
+    The calls block until their results are ready (also this script's experiments use it)."""
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
     """Throughput of already built tools, timed round-robin in this process.
 
@@ -475,12 +489,7 @@ def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
     one_round = time.perf_counter() - started
     rounds = int(min(max(cfg["rounds"], cfg["round_seconds"] / max(one_round, 1e-9)),
                      INTERLEAVE_MAX_ROUNDS))
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - t0)
+    times = round_robin(calls, rounds)
     return {"rounds": rounds, "batch": cfg["batch"], "tools": {
         name: {"throughput": cfg["batch"] / statistics.median(ts),
                "times_s": [round(t, 9) for t in ts]} for name, ts in times.items()}}

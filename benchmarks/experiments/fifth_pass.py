@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import workloads  # noqa: E402
-from compare import ADAPTERS  # noqa: E402
+from compare import ADAPTERS, round_robin  # noqa: E402
 
 import symkern as sk  # noqa: E402
 
@@ -37,15 +37,12 @@ NETWORKS = ["net-4-16-16-4", "net-8-32-32-8", "jac-4-16-16-4", "jac-8-32-32-8"]
 def _nn(wl, chunk):
     """A structured kernel of the workload's network with `tile_chunk` = `chunk` ("default":
     the kernel's own choice)."""
-    def call(X, ps):
-        return kernel(X, ps)
-
     snn = sk.SymbolicNetwork(wl.make_net())
     eqs = sk.jacobian(snn.output, snn.input) if wl.jacobian else snn.output
     kernel = sk.build_nn_function(eqs, snn)
     if chunk != "default":
         kernel.tile_chunk = chunk
-    return kernel, call
+    return kernel
 
 
 def measure(name: str, chunks: list, batch: int, rounds: int,
@@ -58,11 +55,11 @@ def measure(name: str, chunks: list, batch: int, rounds: int,
     calls, notes = {}, {}
     for chunk in chunks:
         start = time.perf_counter()
-        kernel, call = _nn(wl, chunk)
-        jax.block_until_ready(call(X32[:1024], ps))
+        kernel = _nn(wl, chunk)
+        jax.block_until_ready(kernel(X32[:1024], ps))
         label = (f"symkern-nn, default ({kernel.tile_chunk})" if chunk == "default"
                  else f"symkern-nn, tile_chunk={chunk}")
-        calls[label] = lambda call=call: call(X32, ps)
+        calls[label] = lambda kernel=kernel: jax.block_until_ready(kernel(X32, ps))
         notes[label] = (time.perf_counter() - start, kernel.largest_intermediate())
     for tool in tools:
         adapter = ADAPTERS[tool](wl)
@@ -72,16 +69,12 @@ def measure(name: str, chunks: list, batch: int, rounds: int,
         jax.block_until_ready(adapter.call(data, tree))
         notes[tool] = (time.perf_counter() - start, None)
         data = adapter.prepare(X)
-        calls[tool] = lambda adapter=adapter, data=data, tree=tree: adapter.call(data, tree)
+        calls[tool] = lambda adapter=adapter, data=data, tree=tree: jax.block_until_ready(
+            adapter.call(data, tree))
     for call in calls.values():
-        jax.block_until_ready(call())
-    times: dict[str, list[float]] = {label: [] for label in calls}
+        call()
+    times = round_robin(calls, rounds)
     labels = list(calls)
-    for r in range(rounds):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            start = time.perf_counter()
-            jax.block_until_ready(calls[label]())
-            times[label].append(time.perf_counter() - start)
     reference = np.asarray(jax.tree_util.tree_leaves(calls[labels[0]]())[0])
     anchors = [t for t in ("sympy2jax", "jax-hand") if t in times]
     best = max((batch / statistics.median(times[t]) for t in anchors), default=float("nan"))

@@ -61,7 +61,7 @@ def run(name: str) -> None:
         kernel = symkern_variant(wl, share_above, **options)
         jax.block_until_ready(kernel(first, ps))
         built[label] = time.perf_counter() - t0
-        calls[label] = (lambda kernel=kernel: kernel(big, ps))
+        calls[label] = (lambda kernel=kernel: jax.block_until_ready(kernel(big, ps)))
     reference = jax.tree_util.tree_leaves(calls["pairs"]())
     for label in variants:
         for got, want in zip(jax.tree_util.tree_leaves(calls[label]()), reference, strict=True):
@@ -73,16 +73,12 @@ def run(name: str) -> None:
         tool_ps = tool.params(wl.param_values)
         jax.block_until_ready(tool.call(first, tool_ps))
         built[tool_name] = time.perf_counter() - t0
-        calls[tool_name] = (lambda tool=tool, tool_ps=tool_ps: tool.call(big, tool_ps))
+        calls[tool_name] = (lambda tool=tool, tool_ps=tool_ps:
+                            jax.block_until_ready(tool.call(big, tool_ps)))
     for call in calls.values():
-        jax.block_until_ready(call())
-    times: dict[str, list[float]] = {label: [] for label in calls}
+        call()
+    times = compare.round_robin(calls, ROUNDS)
     labels = list(calls)
-    for r in range(ROUNDS):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            t0 = time.perf_counter()
-            jax.block_until_ready(calls[label]())
-            times[label].append(time.perf_counter() - t0)
     row = " | ".join(f"{BATCH / statistics.median(times[label]) / 1e6:.3g} ({built[label]:.2g} s)"
                      for label in labels)
     print(f"| {name} | {row} |", flush=True)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import workloads  # noqa: E402
+from compare import round_robin  # noqa: E402
 
 import symkern as sk  # noqa: E402
 from symkern.batching import build  # noqa: E402
@@ -75,13 +76,8 @@ def measure(name: str, variants: dict, batch: int, rounds: int) -> None:
     for kernel, _ in built.values():
         jax.block_until_ready(kernel(X, ps))
         jax.block_until_ready(kernel(X, ps))
-    times: dict[str, list[float]] = {label: [] for label in built}
-    for r in range(rounds):
-        order = list(built)[r % len(built):] + list(built)[:r % len(built)]
-        for label in order:
-            start = time.perf_counter()
-            jax.block_until_ready(built[label][0](X, ps))
-            times[label].append(time.perf_counter() - start)
+    times = round_robin({label: lambda kernel=kernel: jax.block_until_ready(kernel(X, ps))
+                         for label, (kernel, _) in built.items()}, rounds)
     reference = jax.tree_util.tree_leaves(next(iter(built.values()))[0](X, ps))
     for label, (kernel, first) in built.items():
         rate = batch / statistics.median(times[label]) / 1e6

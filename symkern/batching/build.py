@@ -331,7 +331,7 @@ def build_nn_function(eqs: Any, snn: Any, *more_data: Any, **options: Any) -> Ke
     if not isinstance(snn, (SymbolicNetwork, StructuredNetwork)):
         raise BuildError(f"snn: expected a SymbolicNetwork, got {type(snn).__name__}; "
                          "wrap the network: SymbolicNetwork(net)")
-    if getattr(snn, "structured", False):
+    if isinstance(snn, StructuredNetwork):
         from symkern.batching.structured import build_structured_function
 
         options.pop("functions", None)

@@ -349,15 +349,14 @@ class Kernel:
             array = self._as_array(value, spec.label)
             shape = tuple(np.shape(array))
             declared = spec.declared_shape
-            if (spec.matrix_symbols and declared != spec.shape and len(shape) >= 2
-                    and shape[-2:] == declared):
-                # a MatrixSymbol with a side of 1 (a vector) given as (..., rows, cols)
+            # a MatrixSymbol with a side of 1 (a vector) takes its declared shape too
+            vector_symbol = bool(spec.matrix_symbols) and declared != spec.shape
+            if vector_symbol and len(shape) >= 2 and shape[-2:] == declared:
                 shape = shape[:-2] + spec.shape
                 array = array.reshape(shape)
             rank = len(spec.shape)
             if len(shape) < rank or shape[len(shape) - rank:] != spec.shape:
-                also = (f" or {_shape_text(('...',) + declared)}"
-                        if spec.matrix_symbols and declared != spec.shape else "")
+                also = f" or {_shape_text(('...',) + declared)}" if vector_symbol else ""
                 raise ArgumentError(
                     f"{spec.label}: expected shape {_shape_text(('...',) + spec.shape)}{also}, "
                     f"got {_shape_text(shape)}"
@@ -404,13 +403,9 @@ class Kernel:
         data, ps = self._split(args)
         return (self._const_values, self.check_data(data), self.check_parameters(ps))
 
-    def _note_compilation(self, jitted: Any, key: tuple, prepared: tuple,
-                          counted: bool = True) -> None:
-        """Compile ahead of the first call for each batch shape, timing lower and compile."""
-        self._note_compilations([(jitted, key, prepared, counted)])
-
     def _note_compilations(self, jobs: Sequence[tuple]) -> None:
-        """`_note_compilation` for several `(jitted, key, arguments, counted)` at once.
+        """Compile ahead of the first call of each batch shape, timing trace, lower and
+        compile: `jobs` are `(jitted, key, arguments, counted)`, each done once per key.
 
         Traced and lowered in turn, then compiled in parallel threads (XLA's compile
         releases the GIL). With cores to spare the probe's forms cost about one compile's

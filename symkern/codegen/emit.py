@@ -162,12 +162,13 @@ def _declared(arguments: Sequence[ArgumentSpec]) -> set[sp.Basic]:
 UNEVALUATED = (sp.Sum, sp.Product, sp.Integral, sp.Derivative)
 
 
-def without_dirac_delta(expr: Any) -> Any:
-    """`expr` with every `DiracDelta` as 0: its value wherever it has one, and what JAX's
-    derivatives give (the second derivative of a relu or Heaviside network). Unchanged
-    (the same object) when it holds none."""
-    deltas = {node: sp.S.Zero for node in walk([expr]) if isinstance(node, sp.DiracDelta)}
-    return expr.xreplace(deltas) if deltas else expr
+def without_dirac_delta(exprs: list[Any], nodes: Sequence[sp.Basic] | None = None) -> list[Any]:
+    """`exprs` with every `DiracDelta` as 0: its value wherever it has one, and what JAX's
+    derivatives give (the second derivative of a relu or Heaviside network). `nodes`: their
+    walk, when already made. The same list object when they hold none."""
+    deltas = {node: sp.S.Zero for node in (walk(exprs) if nodes is None else nodes)
+              if isinstance(node, sp.DiracDelta)}
+    return [expr.xreplace(deltas) for expr in exprs] if deltas else exprs
 
 
 def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) -> list[str]:
@@ -264,10 +265,10 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    leaves = list(equations.leaves)
-    nodes = list(walk(leaves))
-    if any(isinstance(node, sp.DiracDelta) for node in nodes):
-        leaves = [without_dirac_delta(leaf) for leaf in leaves]
+    written = list(equations.leaves)
+    nodes = list(walk(written))
+    leaves = without_dirac_delta(written, nodes)
+    if leaves is not written:
         nodes = list(walk(leaves))
     undefined = _check_functions(nodes, functions)
     _check_free_symbols(nodes, arguments)

@@ -103,7 +103,7 @@ def activation_template(forms: ActivationForms, orders: int) -> ActivationTempla
     """Print σ … σ⁽ᵒʳᵈᵉʳˢ⁾ of `forms` as SymPy would for `lambdify(_a0, …, modules="jax")`."""
     argument = sp.Symbol("_a0")  # a generated name: the user's activation never names code
     exprs = [forms.value, forms.first, forms.second][: orders + 1]
-    exprs = [without_dirac_delta(e.xreplace({forms.variable: argument})) for e in exprs]
+    exprs = without_dirac_delta([e.xreplace({forms.variable: argument}) for e in exprs])
     _check_functions(list(rules_walk(exprs)), {})
     replacements, reduced = sp.cse(exprs, symbols=sp.numbered_symbols(CSE_PREFIX), list=True)
     source = _EvaluatorPrinter(_printer({}), False).doprint(

@@ -131,9 +131,7 @@ def _over_the_reals(derivative: Any) -> Any:
         eqs, wrt = signature.bind(*args, **kwargs).arguments.values()
         if not isinstance(eqs, (sp.Basic, sp.MatrixBase)) or not eqs.has(*_COMPLEX_AWARE):
             return derivative(eqs, wrt)
-        free = eqs.free_symbols if isinstance(eqs, sp.Basic) else set().union(
-            *(e.free_symbols for e in eqs))
-        real = {s: sp.Dummy(s.name, real=True) for s in free
+        real = {s: sp.Dummy(s.name, real=True) for s in eqs.free_symbols
                 if isinstance(s, sp.Symbol) and not s.is_real}
         if not real:
             return derivative(eqs, wrt)
@@ -145,8 +143,6 @@ def _over_the_reals(derivative: Any) -> Any:
 
 
 def _replace_in_tree(tree: Any, mapping: dict) -> Any:
-    if isinstance(tree, (list, tuple)) and not tree:
-        return tree
     return jax.tree_util.tree_map(
         lambda leaf: leaf.xreplace(mapping) if isinstance(leaf, (sp.Basic, sp.MatrixBase)) else leaf,
         tree, is_leaf=_is_leaf)
