@@ -192,6 +192,15 @@ def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object])
                 "layer above 64 weights, or structured=True); build it with "
                 "build_nn_function(eqs, snn), or scalarize it: SymbolicNetwork(net, structured=False)"
             )
+        if isinstance(node, (sp.Derivative, sp.Subs)) and node.atoms(AppliedUndef):
+            name = type(next(iter(node.atoms(AppliedUndef)))).__name__
+            raise UnsupportedFunctionError(
+                f"eqs: {node} is a derivative of the undefined function {name}(), which .doit() "
+                f"cannot evaluate; define the derivative as a function of its own (e.g. "
+                f'd{name} = sp.Function("d{name}"), with functions={{"d{name}": ...}}, such as '
+                f'jax.grad of functions["{name}"]) and substitute it for the derivative '
+                f"(expr.subs(...))"
+            )
         if isinstance(node, UNEVALUATED):
             raise UnsupportedFunctionError(
                 f"eqs: unevaluated {type(node).__name__} has no JAX implementation in symkern; "
@@ -205,6 +214,12 @@ def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object])
                     f'functions={{"{name}": a_jax_function}} to build_function'
                 )
             undefined[name] = None
+        elif isinstance(node, sp.Function) and type(node).__name__ in functions:
+            raise BuildError(
+                f'functions["{type(node).__name__}"]: {type(node).__name__} in eqs is SymPy\'s own '
+                "function, which functions= does not replace; functions= implements undefined "
+                f'functions (sp.Function("name")): write the equations with one of those'
+            )
         elif isinstance(node, sp.Function) and type(node).__name__ not in SUPPORTED_SYMPY_FUNCTIONS:
             raise UnsupportedFunctionError(
                 f"eqs: SymPy function {type(node).__name__} has no JAX implementation in symkern; "
@@ -214,11 +229,18 @@ def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object])
     return list(undefined)
 
 
+def symbol_name(symbol: sp.Basic) -> str:
+    """A symbol's name as messages print it: quoted when it is not a plain identifier, so
+    "a, b" and a name with spaces, commas or line breaks cannot be misread."""
+    name = str(symbol)
+    return name if name.isidentifier() else repr(name)
+
+
 def _check_free_symbols(nodes: Sequence[sp.Basic], arguments: Sequence[ArgumentSpec]) -> None:
     free = {node for node in nodes if isinstance(node, (sp.Symbol, sp.MatrixSymbol))}
     undeclared = free - _declared(arguments)
     if undeclared:
-        names = ", ".join(sorted(str(symbol) for symbol in undeclared))
+        names = ", ".join(sorted(symbol_name(symbol) for symbol in undeclared))
         raise BuildError(
             f"eqs: free symbols {names} are neither data arguments nor parameters; "
             "add them to a data argument or to params"

@@ -131,6 +131,19 @@ def _sample_shape(node: ast.expr, literal_shapes: Mapping[str, tuple[int, ...]])
     return ()
 
 
+def _trace_user_function(function: Callable, name: str, shapes: tuple, dtype: np.dtype) -> Any:
+    """`jax.make_jaxpr` of a user function on per-sample arguments of `shapes`; what it
+    raises becomes a BuildError naming the function and how it was called."""
+    try:
+        return jax.make_jaxpr(function)(*(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes))
+    except Exception as error:  # noqa: BLE001 - the user's code: any exception, re-raised named
+        described = ", ".join(f"{np.dtype(dtype).name}{list(shape)}" for shape in shapes)
+        raise BuildError(
+            f'functions["{name}"]: raised {type(error).__name__} when traced with '
+            f"{len(shapes)} argument(s) ({described}), as the equations call it: {error}"
+        ) from error
+
+
 def hoist_captured_constants(
     module: ast.Module,
     functions: Mapping[str, Callable],
@@ -163,8 +176,7 @@ def hoist_captured_constants(
             shapes = tuple(_sample_shape(argument, literal_shapes) for argument in node.args)
             key = (name, shapes)
             if key not in signatures:
-                closed = jax.make_jaxpr(functions[name])(
-                    *(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes))
+                closed = _trace_user_function(functions[name], name, shapes, dtype)
                 if len(closed.out_avals) != 1 or closed.out_avals[0].shape != ():
                     raise BuildError(
                         f'functions["{name}"]: expected one scalar per sample, got '

@@ -239,12 +239,57 @@ def test_unsupportedfunctionerror_sympy():
 
 
 @pytest.mark.parametrize("eqs", [sp.Sum(b * x0, (b, 0, 3)), sp.Integral(sp.exp(-b**2), (b, 0, x0)),
-                                 sp.Product(b + x0, (b, 1, 2)), sp.Derivative(sp.Function("g")(x0), x0)])
+                                 sp.Product(b + x0, (b, 1, 2)), sp.Derivative(sp.sin(x0 * b), b)])
 def test_unsupportedfunctionerror_unevaluated(eqs):
     name = type(eqs).__name__
     _check("unsupportedfunctionerror-unevaluated", sk.UnsupportedFunctionError,
            rf"eqs: unevaluated {name} has no JAX implementation in symkern; evaluate it first "
            r"\(\.doit\(\)\)", lambda: sk.build_function(eqs, x0))
+
+
+@pytest.mark.parametrize("eqs", [sp.Derivative(sp.Function("g")(x0), x0),
+                                 sp.diff(sp.Function("g")(x0**2), x0)])
+def test_unsupportedfunctionerror_derivative_of_undefined(eqs):
+    """What `.doit()` cannot evaluate is not told to call `.doit()`."""
+    _check("unsupportedfunctionerror-derivative-of-undefined", sk.UnsupportedFunctionError,
+           r"is a derivative of the undefined function g\(\), which \.doit\(\) cannot evaluate; "
+           r"define the derivative as a function of its own",
+           lambda: sk.build_function(eqs, x0, functions={"g": jnp.sin}))
+
+
+def test_derivative_of_undefined_fix_works():
+    """The fix the entry gives: the derivative as a function of its own."""
+    g, dg = sp.Function("g"), sp.Function("dg")
+    expr = sp.diff(g(x0), x0).subs(sp.Derivative(g(x0), x0), dg(x0)) * x0
+    k = sk.build_function(expr, x0, functions={"g": jnp.sin, "dg": jax.grad(jnp.sin)})
+    X = np.linspace(-1.0, 1.0, 5)
+    np.testing.assert_allclose(k(X), np.cos(X) * X, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("implementation", "raised"), [
+    (lambda u: jnp.sin(u), "TypeError"),                   # called with 2 arguments
+    (lambda u, v: np.asarray(u) + v, "TracerArrayConversionError"),
+])
+def test_builderror_user_function_raised(implementation, raised):
+    g = sp.Function("g")
+    _check("builderror-user-function-raised", sk.BuildError,
+           rf'functions\["g"\]: raised {raised} when traced with 2 argument\(s\) '
+           r"\(float(32|64)\[\], float(32|64)\[\]\), as the equations call it",
+           lambda: sk.build_function(g(x0, b), [x0, b], functions={"g": implementation}))
+
+
+def test_builderror_sympy_function_in_functions():
+    _check("builderror-sympy-function-in-functions", sk.BuildError,
+           r'functions\["sin"\]: sin in eqs is SymPy\'s own function, which functions= does not '
+           "replace", lambda: sk.build_function(sp.sin(x0), x0, functions={"sin": jnp.cos}))
+
+
+@pytest.mark.parametrize(("name", "shown"), [("a b", "'a b'"), ("a, b", "'a, b'"), ("", "''"),
+                                             ("\n", r"'\\n'"), ("c", "c")])
+def test_builderror_free_symbols_quotes_odd_names(name, shown):
+    _check("builderror-free-symbols", sk.BuildError,
+           f"eqs: free symbols {shown} are neither data arguments nor parameters",
+           lambda: sk.build_function(x0 + sp.Symbol(name), x0))
 
 
 @pytest.mark.parametrize(("eqs", "pattern"), [
