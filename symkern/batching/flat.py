@@ -20,6 +20,7 @@ from symkern.batching.kernel import (
     _weak_method,
     call_direct,
     check_dtype_policy,
+    integer_array,
 )
 from symkern.errors import ArgumentError
 
@@ -45,6 +46,7 @@ class FlatKernel:
         # as Kernel's direct path: checks at trace time, shapes the checked path ran fused
         self._direct = jax.jit(_weak_method(self, "_evaluate_arguments"))
         self._direct_shapes: set[tuple[int, ...]] = set()
+        self._integers_seen = False  # as Kernel's: integer data take the checked path
         self._n_arguments = len(kernel.signature.data) + 1
 
     def _leaves(self, theta: Any) -> tuple:
@@ -58,6 +60,9 @@ class FlatKernel:
         return self.kernel._compute(const_args, data, self._leaves(theta))
 
     def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
+        if any(map(integer_array, jax.tree_util.tree_leaves(args))):
+            self._integers_seen = True
+            raise ArgumentError("integer arrays take the checked path (cast on the host)")
         data, theta = self._check(args)
         return self._evaluate(const_args, data, theta)
 
@@ -77,7 +82,8 @@ class FlatKernel:
 
     def __call__(self, *args: Any) -> Any:
         kernel = self.kernel
-        result = call_direct(self._direct, self._direct_shapes, kernel._const_values, args)
+        result = call_direct(self._direct, self._direct_shapes, kernel._const_values, args,
+                             self._integers_seen)
         if result is not NOT_TAKEN:
             return result
         data, theta = self._check(args)

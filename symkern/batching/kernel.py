@@ -6,6 +6,7 @@ Imports jax, numpy, symkern.kernels, symkern.codegen, symkern.symbolic and symke
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 import weakref
@@ -86,11 +87,28 @@ def _weak_method(owner: Any, name: str) -> Callable[..., Any]:
     return call
 
 
+def integer_array(leaf: Any) -> bool:
+    """Whether `leaf` is an array of integers (a Python int is not): with jax_enable_x64 off
+    jit casts a 64-bit one to 32 bits, wrapping every value outside that range (jax#18385),
+    and a traced one does not tell whether it was, so the checked path casts them on the host."""
+    dtype = getattr(leaf, "dtype", None)
+    return (dtype is not None and dtype.kind in "iu"
+            and not getattr(getattr(leaf, "aval", leaf), "weak_type", False))
+
+
+def _leaf_signature(leaf: Any) -> tuple:
+    """Shape, dtype and weak type of a leaf as jit keys it (numpy ones under disable_jit)."""
+    aval = getattr(leaf, "aval", None)
+    if aval is not None:
+        return tuple(aval.shape), str(aval.dtype), bool(aval.weak_type)
+    return tuple(np.shape(leaf)), str(np.result_type(leaf)), type(leaf) in (int, float, bool)
+
+
 def _jit_takes(args: tuple) -> bool:
     """Whether jit takes every leaf of `args` as it is (else the checked arrays are used)."""
     for leaf in jax.tree_util.tree_leaves(args):
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-            if leaf.dtype.kind not in "biuf":
+            if leaf.dtype.kind not in "bf" or integer_array(leaf):
                 return False
         elif type(leaf) is int:
             if not -2**31 <= leaf < 2**31:
@@ -105,18 +123,24 @@ NOT_TAKEN = object()
 
 
 def call_direct(direct: Callable[..., Any], shapes: set, const_values: tuple,
-                args: tuple) -> Any:
+                args: tuple, integers_seen: bool = False) -> Any:
     """`direct(const_values, args)` if `args[0]`'s shape has run fused before, else NOT_TAKEN.
 
     The direct path of Kernel, BoundKernel and FlatKernel: the call's arguments go to one
     jit unchanged and its checks run at trace time. A wrong argument count or a failing
-    check raises there; jit cannot take some arguments. Either way the path is not taken
-    and the caller's checked path raises the same error without JAX's traceback note.
+    check raises there; jit cannot take some arguments (an integer array: `integer_array`,
+    which the traced checks refuse, or a Python int outside int32). Either way the path is
+    not taken and the caller's checked path raises the same error without JAX's traceback
+    note, or casts on the host. Once the direct path has refused integer arrays
+    (`integers_seen`), every call's leaves are looked at first (about 1 µs), so such calls
+    go to the checked path without tracing again.
     """
     try:
         if args[0].shape in shapes:
+            if integers_seen and any(map(integer_array, jax.tree_util.tree_leaves(args))):
+                return NOT_TAKEN
             return direct(const_values, args)
-    except (IndexError, AttributeError, TypeError, ArgumentError):
+    except (IndexError, AttributeError, TypeError, OverflowError, ArgumentError):
         pass
     return NOT_TAKEN
 
@@ -129,6 +153,19 @@ def check_dtype_policy(dtype: np.dtype) -> None:
             "jax.config.update('jax_enable_x64', True); with x64 disabled JAX would "
             "silently compute in float32"
         )
+
+
+def _real_dtype(dtype: np.dtype) -> bool:
+    """Bool, integers and floats of any width, ml_dtypes' (bfloat16, float8) among them."""
+    return dtype.kind in "biuf" or jnp.issubdtype(dtype, jnp.floating)
+
+
+def _subscriptable(treedef: Any) -> bool:
+    """Whether every node of a parameter tree is a dict, list or tuple (read as `ps[key]`)."""
+    example = jax.tree_util.tree_unflatten(treedef, [0] * treedef.num_leaves)
+    paths, _ = jax.tree_util.tree_flatten_with_path(example)
+    keys = (jax.tree_util.DictKey, jax.tree_util.SequenceKey)
+    return all(isinstance(key, keys) for path, _ in paths for key in path)
 
 
 class Kernel:
@@ -197,6 +234,11 @@ class Kernel:
         #: in-program stack costs more to compile than a second dispatch costs to run)
         self.fuse_small_batches = True
         self._probed_size: int | None = None  # the batch size `assembly` was measured at
+        # whether the direct path has refused integer arrays (call_direct)
+        self._integers_seen = False
+        # the generated code reads `ps[key]` at every level: a tree with nodes read by
+        # attribute (namedtuple, dataclass) reaches it as nested dicts (_code_parameters)
+        self._parameters_by_path = not _subscriptable(signature.parameter_treedef)
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
         self._lock = threading.RLock()  # re-entered: _probe compiles under it
@@ -237,9 +279,24 @@ class Kernel:
         """The generated function's positional arguments: const args, data, the `ps` tree."""
         arguments = list(const_args) + list(data)
         if self.signature.parameters:
-            arguments.append(jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
-                                                          parameter_leaves))
+            arguments.append(self._code_parameters(parameter_leaves))
         return arguments
+
+    def _code_parameters(self, parameter_leaves: tuple) -> Any:
+        """The `ps` the generated code reads: the caller's tree, or nested dicts by the
+        same keys when a node of it is read by attribute (`ps['p']` for a namedtuple's `p`)."""
+        if not self._parameters_by_path:
+            return jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                parameter_leaves)
+        root: dict = {}
+        for spec, leaf in zip(self.signature.parameters, parameter_leaves, strict=True):
+            if not spec.path:
+                return leaf
+            node = root
+            for key in spec.path[:-1]:
+                node = node.setdefault(key, {})
+            node[spec.path[-1]] = leaf
+        return root
 
     def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
         """Every scalar entry of every equation, each shaped like the batch."""
@@ -291,11 +348,12 @@ class Kernel:
         return self._compute(const_args, data, parameter_leaves)
 
     def _checked_arguments(self, args: tuple, signatures: set) -> tuple[tuple, tuple]:
-        _, data, parameter_leaves = self._prepare(args)
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        signatures.add((treedef, tuple(
-            (tuple(a.shape), str(a.dtype), bool(getattr(a, "aval", a).weak_type))
-            for a in leaves)))
+        if any(map(integer_array, leaves)):
+            self._integers_seen = True
+            raise ArgumentError("integer arrays take the checked path (cast on the host)")
+        _, data, parameter_leaves = self._prepare(args)
+        signatures.add((treedef, tuple(map(_leaf_signature, leaves))))
         return data, parameter_leaves
 
     @property
@@ -325,7 +383,7 @@ class Kernel:
 
     def _as_array(self, value: Any, label: str) -> Any:
         if isinstance(value, jax.Array):  # device arrays and tracers
-            if value.dtype.kind not in "biuf":
+            if not _real_dtype(value.dtype):
                 raise ArgumentError(f"{label}: expected real numbers, got dtype "
                                     f"{value.dtype.name}")
             return value if value.dtype == self.dtype else value.astype(self.dtype)
@@ -335,23 +393,35 @@ class Kernel:
             return self._as_array(jnp.asarray(value), label)
         try:
             array = np.asarray(value)
+            if array.dtype.kind == "O" and all(isinstance(v, numbers.Real) for v in array.flat):
+                array = array.astype(np.float64)  # SymPy numbers (Float, Rational, Integer)
         except (TypeError, ValueError) as error:
             raise ArgumentError(f"{label}: expected an array of numbers, got "
                                 f"{type(value).__name__}") from error
-        if array.dtype.kind not in "biuf":
+        if not _real_dtype(array.dtype):
             raise ArgumentError(f"{label}: expected real numbers, got dtype {array.dtype.name}")
         # cast on the host: jit takes numpy arguments without a separate device conversion
         return array if array.dtype == self.dtype else array.astype(self.dtype)
 
     def check_data(self, data: Sequence[Any]) -> tuple[Any, ...]:
-        arrays, batch = [], None
-        for spec, value in zip(self.signature.data, data, strict=True):
-            array = self._as_array(value, spec.label)
+        arrays = [self._as_array(value, spec.label)
+                  for spec, value in zip(self.signature.data, data, strict=True)]
+        # the batch shape of the arguments that read one way only, which settles an array
+        # that fits a vector MatrixSymbol both ways (a batch of one 1×n sample)
+        settled = next((shape[:len(shape) - len(spec.shape)]
+                        for spec, shape in zip(self.signature.data, map(np.shape, arrays), strict=True)
+                        if not (spec.matrix_symbols and spec.declared_shape != spec.shape)
+                        and len(shape) >= len(spec.shape)), None)
+        batch = None
+        for k, spec in enumerate(self.signature.data):
+            array = arrays[k]
             shape = tuple(np.shape(array))
             declared = spec.declared_shape
             # a MatrixSymbol with a side of 1 (a vector) takes its declared shape too
             vector_symbol = bool(spec.matrix_symbols) and declared != spec.shape
-            if vector_symbol and len(shape) >= 2 and shape[-2:] == declared:
+            if (vector_symbol and len(shape) >= 2 and shape[-2:] == declared
+                    and not (settled is not None and shape[:-2] != settled
+                             and shape[:-1] == settled)):
                 shape = shape[:-2] + spec.shape
                 array = array.reshape(shape)
             rank = len(spec.shape)
@@ -369,7 +439,7 @@ class Kernel:
                     f"{spec.label}: batch shape {_shape_text(this_batch)} differs from x1's "
                     f"{_shape_text(batch)}; all data arguments share one batch shape"
                 )
-            arrays.append(array)
+            arrays[k] = array
         return tuple(arrays)
 
     def check_parameters(self, ps: Any) -> tuple[Any, ...]:
@@ -612,10 +682,11 @@ class Kernel:
 
     def _call_direct(self, args: tuple) -> Any:
         """The direct path (call_direct) of a shape that ran fused or separately before."""
-        result = call_direct(self._direct, self._direct_shapes, self._const_values, args)
+        result = call_direct(self._direct, self._direct_shapes, self._const_values, args,
+                             self._integers_seen)
         if result is NOT_TAKEN and self._separate_shapes:
             result = call_direct(self._direct_entries, self._separate_shapes,
-                                 self._const_values, args)
+                                 self._const_values, args, self._integers_seen)
             if result is not NOT_TAKEN:
                 return self._assemble_jitted(result)
         return result
@@ -652,7 +723,8 @@ class Kernel:
 
         descriptions = [{"name": c.name, "origin": c.origin} for c in self._const_args]
         return export_function(run, const_values, descriptions, data,
-                               [len(s.shape) for s in self.signature.data], ps, self.dtype)
+                               [len(s.shape) for s in self.signature.data], ps, self.dtype,
+                               [s.label for s in self.signature.parameters])
 
     def shard(self, mesh: Any = None) -> Any:
         """This kernel with its batch split over all local devices (docs/scaling.md)."""

@@ -112,33 +112,41 @@ def _join(buffer: list[tuple[Any, ...]]) -> tuple[Any, ...]:
                  for i in range(len(buffer[0])))
 
 
-def _check_array(value: Any, label: str) -> Any:
+def _check_array(value: Any, label: str, spec: Any) -> Any:
+    """`value` if it is an array of rows of `spec`'s per-sample shape (as given: before the
+    rows are blocked and padded, so an error shows the caller's shape)."""
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         raise ArgumentError(f"{label}: expected an array, got {type(value).__name__}")
     if np.dtype(value.dtype).kind not in "biuf":
         raise ArgumentError(f"{label}: expected real numbers, got dtype {np.dtype(value.dtype).name}")
     if np.ndim(value) == 0:
         raise ArgumentError(f"{label}: expected a leading (batch) axis to stream over, got a scalar")
+    if tuple(value.shape[1:]) not in (spec.shape, spec.declared_shape):
+        expected = ", ".join(["rows", *map(str, spec.shape)])
+        raise ArgumentError(f"{label}: expected shape ({expected}), got {tuple(value.shape)}")
     return value
 
 
-def _pieces(source: Iterable[Any], labels: list[str]) -> Iterator[tuple[Any, ...]]:
+def _pieces(source: Iterable[Any], specs: list[Any]) -> Iterator[tuple[Any, ...]]:
+    labels = [spec.label for spec in specs]
     for index, item in enumerate(source):
         piece = tuple(item) if isinstance(item, (tuple, list)) else (item,)
         if len(piece) != len(labels):
             raise ArgumentError(f"source[{index}]: expected {len(labels)} data array(s) "
                                 f"({', '.join(labels)}), got {len(piece)}")
-        piece = tuple(_check_array(a, f"source[{index}] {label}")
-                      for a, label in zip(piece, labels, strict=True))
+        piece = tuple(_check_array(a, f"source[{index}] {spec.label}", spec)
+                      for a, spec in zip(piece, specs, strict=True))
         if len({int(np.shape(a)[0]) for a in piece}) > 1:
             raise ArgumentError(f"source[{index}]: the data arrays differ in length "
                                 f"{[int(np.shape(a)[0]) for a in piece]}")
         yield piece
 
 
-def _blocks(source: Any, labels: list[str], chunk: int,
+def _blocks(source: Any, specs: list[Any], chunk: int,
             dtype: np.dtype) -> tuple[Iterator[Block], int | None]:
-    """The source as blocks, and its number of rows where known in advance."""
+    """The source as blocks, and its number of rows where known in advance; `specs`: the
+    kernel's data arguments."""
+    labels = [spec.label for spec in specs]
     is_array = isinstance(source, (np.ndarray, jax.Array))
     arrays_per_argument = (isinstance(source, tuple) and len(labels) > 1 and len(source) == len(labels)
                            and all(isinstance(a, (np.ndarray, jax.Array)) for a in source))
@@ -147,7 +155,8 @@ def _blocks(source: Any, labels: list[str], chunk: int,
         if len(arrays) != len(labels):
             raise ArgumentError(f"source: the kernel takes {len(labels)} data arguments "
                                 f"({', '.join(labels)}); pass a tuple of that many arrays")
-        arrays = tuple(_check_array(a, f"source {label}") for a, label in zip(arrays, labels, strict=True))
+        arrays = tuple(_check_array(a, f"source {spec.label}", spec)
+                       for a, spec in zip(arrays, specs, strict=True))
         lengths = {int(a.shape[0]) for a in arrays}
         if len(lengths) > 1:
             raise ArgumentError(f"source: the data arrays differ in length {sorted(lengths)}")
@@ -155,7 +164,7 @@ def _blocks(source: Any, labels: list[str], chunk: int,
     if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
         raise ArgumentError("source: expected a numpy array, a memory-mapped .npy, or an iterable "
                             f"of chunks, got {type(source).__name__}")
-    return _rechunk(_pieces(source, labels), chunk, dtype), None
+    return _rechunk(_pieces(source, specs), chunk, dtype), None
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------
@@ -257,7 +266,7 @@ def stream(
         def call(data: tuple[jax.Array, ...]) -> Any:
             return kernel(*data, placed)
 
-    blocks, total = _blocks(source, labels, chunk, base.dtype)
+    blocks, total = _blocks(source, list(signature.data), chunk, base.dtype)
     out_leaves = None if out is None else _check_out(out, base, total)
 
     def run() -> Iterator[tuple[int, int, Any]]:

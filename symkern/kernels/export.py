@@ -7,6 +7,7 @@ serialized module; nothing in it is ever evaluated as Python.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,11 +33,13 @@ def export_function(
     per_sample_ranks: Sequence[int],
     ps: Any,
     dtype: np.dtype,
+    parameter_labels: Sequence[str] = (),
 ) -> bytes:
-    """Serialize `function(const_args, data, ps)` with a symbolic batch shape.
+    """Serialize `function(const_args, data, ps)` with a symbolic batch shape, and its
+    first-order derivative (so `jax.grad` goes through the loaded kernel).
 
     The const args are ordinary exported arguments, so the blob holds their shapes and
-    dtypes, never their values.
+    dtypes, never their values. `parameter_labels` name the `ps` leaves in errors.
     """
     batch_rank = len(np.shape(data[0])) - per_sample_ranks[0] if data else 0
     batch = ",".join(f"b{k}" for k in range(batch_rank))
@@ -56,9 +59,11 @@ def export_function(
                        for description, c in zip(const_descriptions, const_args, strict=True)],
         "data": [{"shape": [None] * batch_rank + list(np.shape(d))[batch_rank:],
                   "dtype": np.dtype(d.dtype).name} for d in data],
+        "params": list(parameter_labels),
     }
     encoded = json.dumps(header, sort_keys=True).encode()
-    return MAGIC + len(encoded).to_bytes(8, "little") + encoded + bytes(exported.serialize())
+    return (MAGIC + len(encoded).to_bytes(8, "little") + encoded
+            + bytes(exported.serialize(vjp_order=1)))
 
 
 class LoadedKernel:
@@ -72,6 +77,11 @@ class LoadedKernel:
         self.exported = exported
         self.const_args = const_args
         self.dtype = np.dtype(header["dtype"])
+        # the exported function's arguments are ((const_args, data, ps), {})
+        self._ps_treedef = exported.in_tree.children()[0].children()[2]
+        self._ps_shapes = [tuple(aval.shape)
+                           for aval in exported.in_avals[-self._ps_treedef.num_leaves:]] \
+            if self._ps_treedef.num_leaves else []
 
     def __call__(self, *args: Any) -> Any:
         _check_x64(self.header)
@@ -88,13 +98,47 @@ class LoadedKernel:
                 shown = ", ".join("b" if e is None else str(e) for e in expected)
                 raise ArgumentError(f"x{k + 1}: this kernel was exported for shape ({shown}), "
                                     f"got {tuple(array.shape)}")
-        ps = args[count] if has_params else None
-        ps = jax.tree_util.tree_map(lambda a: jnp.asarray(a, self.dtype), ps)
+        ps = self._parameters(args[count] if has_params else None)
+        batch = data[0].shape[:len(data[0].shape) - len(_per_sample(self.header["data"][0]))] \
+            if data else ()
+        if 0 in batch:
+            # symbolic batch sizes are at least 1: run one sample of zeros, keep none of it
+            ones = tuple(max(n, 1) for n in batch)
+            data = tuple(jnp.zeros(ones + a.shape[len(batch):], a.dtype) for a in data)
+            out = self.exported.call(self.const_args, data, ps)
+            return jax.tree_util.tree_map(
+                lambda leaf: leaf[tuple(slice(0, n) for n in batch)], out)
         return self.exported.call(self.const_args, data, ps)
+
+    def _parameters(self, ps: Any) -> Any:
+        """`ps` as the exported function takes it, checked against its tree and shapes."""
+        leaves, treedef = jax.tree_util.tree_flatten(ps)
+        if treedef != self._ps_treedef:
+            try:
+                leaves = self._ps_treedef.flatten_up_to(ps)
+            except (ValueError, TypeError) as error:
+                raise ArgumentError(f"ps: expected a tree of the structure {self._ps_treedef}, "
+                                    f"got {treedef}") from error
+        labels = self.header.get("params") or [f"ps leaf {k}" for k in range(len(leaves))]
+        arrays = []
+        for label, leaf, shape in zip(labels, leaves, self._ps_shapes, strict=True):
+            array = jnp.asarray(leaf, self.dtype)
+            if array.shape != shape:
+                if array.size == math.prod(shape) and array.shape == (shape[0], 1):
+                    array = array.reshape(shape)  # an m x 1 leaf given as a column
+                else:
+                    raise ArgumentError(f"{label}: expected shape {shape}, got {array.shape}")
+            arrays.append(array)
+        return jax.tree_util.tree_unflatten(self._ps_treedef, arrays)
 
     def __repr__(self) -> str:
         return (f"LoadedKernel({len(self.header['data'])} data argument(s), "
                 f"{len(self.const_args)} const arg(s), {self.dtype.name})")
+
+
+def _per_sample(spec: dict[str, Any]) -> list[int]:
+    """A data argument's per-sample shape from its header entry (batch axes are None)."""
+    return [n for n in spec["shape"] if n is not None]
 
 
 def _check_x64(header: dict[str, Any]) -> None:

@@ -88,3 +88,22 @@ def test_a_column_matrix_symbol_in_both_shapes_on_the_direct_path():
     with pytest.raises(sk.ArgumentError,
                        match=r"x1: expected shape \(\.\.\., 3\) or \(\.\.\., 3, 1\), got \(2, 3, 2\)"):
         kernel(X.reshape(2, 3, 2))
+
+
+@given(n=st.integers(2, 4), batch=st.sampled_from([(), (1,), (3,), (1, 1), (2, 1)]),
+       seed=st.integers(0, 2**16))
+@settings(max_examples=30, deadline=None)
+def test_a_row_matrix_symbol_beside_a_vector_argument_takes_its_batch(n, batch, seed):
+    """A (..., 1, n) array fits a 1×n MatrixSymbol both as a sample and as a batch of
+    vectors; beside another data argument, that argument's batch shape decides, so a batch
+    of one is a batch of one (lone, the declared reading stands: README)."""
+    r = sp.MatrixSymbol("r", 1, n)
+    x = sp.symbols(f"x0:{n}")
+    k = sk.build_function(sum(x[j] * r[0, j] for j in range(n)), list(x), r)
+    rng = np.random.default_rng(seed)
+    X, R = rng.normal(size=batch + (n,)), rng.normal(size=batch + (n,))
+    got = k(X, R)
+    assert got.shape == batch
+    np.testing.assert_allclose(got, np.sum(X * R, axis=-1), rtol=1e-5, atol=1e-6)
+    declared = k(X, R[..., None, :])  # the declared (..., 1, n) form reads the same
+    np.testing.assert_allclose(declared, got, rtol=1e-6)

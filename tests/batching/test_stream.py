@@ -6,6 +6,7 @@ that reads its own peak resident set (VmHWM) before and after streaming.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -176,3 +177,15 @@ def test_a_1_gib_memmap_streams_in_bounded_memory(tmp_path):
     report = peak_growth(tmp_path, 134_217_728)         # float32 (134,217,728 x 2) = 1 GiB
     assert report["source_mb"] == 1024
     assert report["growth_mb"] < 600, report
+
+
+@pytest.mark.parametrize("rows", [np.ones((7, 2), np.float32), np.ones(3, np.float32)])
+def test_stream_reports_the_shape_the_caller_passed(rows):
+    """A wrong per-sample shape is reported as given, before the rows are blocked."""
+    y0, y1, y2 = sp.symbols("y0 y1 y2")
+    k = sk.build_function(y0 * y1 + y2, [y0, y1, y2])
+    shown = re.escape(str(rows.shape))
+    with pytest.raises(sk.ArgumentError, match=rf"source x1: expected shape \(rows, 3\), got {shown}"):
+        list(k.stream(rows, progress=False))
+    with pytest.raises(sk.ArgumentError, match=rf"source\[0\] x1: expected shape \(rows, 3\), got {shown}"):
+        list(k.stream(iter([rows]), progress=False))
