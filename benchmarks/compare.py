@@ -70,8 +70,8 @@ OPTIONAL = {"symengine": "symengine", "sympy2jax": "sympy2jax"}
 
 FULL = {
     "workloads": ["pendulum", "net-2-3-2", "net-4-16-16-4", "net-8-32-32-8", "jac-2-3-2",
-                  "jac-4-16-16-4", "jac-8-32-32-8", "nlink-3", "table-1MB", "expr-1e3",
-                  "expr-1e4", "expr-1e5"],
+                  "jac-4-16-16-4", "jac-8-32-32-8", "nlink-3", "table-1MB", "energy-2d",
+                  "expr-1e3", "expr-1e4", "expr-1e5"],
     "batch": 100_000, "build_batch": 1024, "repeats": 9, "latency_repeats": 200,
     "timeout": 420.0, "rounds": 15, "round_seconds": 2.0,
 }

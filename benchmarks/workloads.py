@@ -244,6 +244,18 @@ def table_lookup() -> Workload:
                     note=f"lookup closes over a {TABLE_SIZE}-entry float64 table (1 MiB)")
 
 
+def oscillator_energy() -> Workload:
+    """The energy of a 2-D harmonic oscillator, `|p|^2/(2m) + k|q|^2/2`: 4 inputs, one
+    output, 12 operations on 20 bytes a sample, so its speed is the speed of moving its bytes
+    (the memory-bound workload the copy-bandwidth target is about)."""
+    q0, q1, p0, p1 = x = sp.symbols("q0 q1 p0 p1")
+    m, k = sp.symbols("m k", positive=True)
+    expr = (p0**2 + p1**2) / (2 * m) + k * (q0**2 + q1**2) / 2
+    return Workload("energy-2d", expr, list(x), {"m": m, "k": k},
+                    {"m": np.float64(1.3), "k": np.float64(0.7)}, _ops(expr),
+                    note="memory-bound: 12 operations on 20 bytes a sample")
+
+
 def generated(ops: int, seed: int = 0) -> Workload:
     """About `ops` operations: sums of products of sin/cos of inputs with parameters.
 
@@ -291,6 +303,7 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     **{f"jac-{k}": (lambda s=s: network(s, True)) for k, s in NETWORKS.items()},
     "nlink-3": nlink_pendulum,
     "table-1MB": table_lookup,
+    "energy-2d": oscillator_energy,
     "expr-1e3": lambda: generated(1000),
     "expr-1e4": lambda: generated(10_000),
     "expr-1e5": lambda: generated(100_000),

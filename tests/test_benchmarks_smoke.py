@@ -97,3 +97,17 @@ def test_scale_vectorize_smoke_run(tmp_path: Path) -> None:
         assert "status" not in row, row
         assert row["vectorized"] == row["vectorize"] and row["throughput"] > 0
         assert row["first_result_s"] > 0 and "xla_compile" in row["timings"]
+
+
+def test_memory_bound_experiment_smoke_run() -> None:
+    """`experiments/memory_bound.py` (the copy-bandwidth target's figures) still runs, and
+    prints a row per tool and reference with a positive rate."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "experiments" / "memory_bound.py"),
+               "--batches", "2000", "--rounds", "3", "--tools", "symkern,lambdify-jax"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = re.findall(r"^\| 2,000 \| (.+?) \| ([\d,]+) \| ([\d.]+) \|$", proc.stdout, re.M)
+    assert [name for name, _, _ in rows] == ["symkern", "lambdify-jax", "jnp.copy (reference)",
+                                             "-b, XLA elementwise (reference)"]
+    assert all(float(rate.replace(",", "")) > 0 for _, rate, _ in rows)
+    assert dict((name, ratio) for name, _, ratio in rows)["jnp.copy (reference)"] == "1.00"
