@@ -25,6 +25,7 @@ from symkern.codegen.stopwatch import CALL_STAGES, Stopwatch
 from symkern.errors import ArgumentError, DtypeMismatchError
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import export_function
+from symkern.kernels.options import kernel_jit
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 #: batches up to this many samples run as one executable (entries stacked inside it)
@@ -129,7 +130,8 @@ def call_direct(direct: Callable[..., Any], shapes: set, const_values: tuple,
     The direct path of Kernel, BoundKernel and FlatKernel: the call's arguments go to one
     jit unchanged and its checks run at trace time. A wrong argument count or a failing
     check raises there; jit cannot take some arguments (an integer array: `integer_array`,
-    which the traced checks refuse, or a Python int outside int32). Either way the path is
+    which the traced checks refuse, or a Python int outside int32), and a jit compiled with
+    compiler options cannot be nested in a caller's trace (a ValueError). Either way the path is
     not taken and the caller's checked path raises the same error without JAX's traceback
     note, or casts on the host. Once the direct path has refused integer arrays
     (`integers_seen`), every call's leaves are looked at first (about 1 µs), so such calls
@@ -140,7 +142,7 @@ def call_direct(direct: Callable[..., Any], shapes: set, const_values: tuple,
             if integers_seen and any(map(integer_array, jax.tree_util.tree_leaves(args))):
                 return NOT_TAKEN
             return direct(const_values, args)
-    except (IndexError, AttributeError, TypeError, OverflowError, ArgumentError):
+    except (IndexError, AttributeError, TypeError, ValueError, OverflowError, ArgumentError):
         pass
     return NOT_TAKEN
 
@@ -213,17 +215,22 @@ class Kernel:
         # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
         self._compute_jitted = jax.jit(_weak_method(self, "_compute"))
         self._assemble_jitted = jax.jit(_weak_method(self, "_assemble_entries"))
+        # The same two for top-level calls, compiled with symkern's CPU options
+        # (symkern.kernels.options); JAX takes compiler options on top-level jits only, so
+        # traced calls, shard() and the flat form use the two above.
+        self._compute_top = kernel_jit(_weak_method(self, "_compute"))
+        self._assemble_top = kernel_jit(_weak_method(self, "_assemble_entries"))
         # The direct path: `kernel(*args)` handed to one jit as it came. Its checks run at
         # trace time, once per argument signature, so a repeated call costs what calling
         # a jitted function costs (issue 8, benchmarks/dispatch.py). Only shapes the
         # checked path has already run fused take it (`_direct_shapes`: first data
         # argument's shape); anything jit cannot take falls back to the checked path.
-        self._direct = jax.jit(_weak_method(self, "_evaluate_arguments"))
+        self._direct = kernel_jit(_weak_method(self, "_evaluate_arguments"))
         self._direct_shapes: set[tuple[int, ...]] = set()
         self._direct_signatures: set[tuple] = set()
         # The same for shapes that run separately: the entries' executable takes the
         # call's arguments as they came, then the assembly executable runs.
-        self._direct_entries = jax.jit(_weak_method(self, "_compute_arguments"))
+        self._direct_entries = kernel_jit(_weak_method(self, "_compute_arguments"))
         self._separate_shapes: set[tuple[int, ...]] = set()
         self._entries_signatures: set[tuple] = set()
         self._needs_assembly = any(self.equations.shapes)
@@ -524,7 +531,7 @@ class Kernel:
                     self._seen.add(key)
         entries = self._pieces(*arguments)
         if self._needs_assembly:
-            return self._assemble_jitted(entries)
+            return self._assemble_top(entries)
         return jax.tree_util.tree_unflatten(self.equations.treedef, list(entries))
 
     def _execute(self, prepared: tuple, batch_shape: tuple[int, ...],
@@ -582,13 +589,13 @@ class Kernel:
         if raw is not None and _jit_takes(raw):
             return (self._direct_entries, ("entries", batch_shape, "raw"),
                     (prepared[0], raw), False)
-        return (self._compute_jitted, ("entries", batch_shape), prepared, True)
+        return (self._compute_top, ("entries", batch_shape), prepared, True)
 
     def _assembly_job(self, batch_shape: tuple[int, ...]) -> tuple:
         """`_fused_job` for the assembly executable: one entry per scalar of each leaf."""
         count = sum(math.prod(shape) for shape in self.equations.shapes)
         entry = jax.ShapeDtypeStruct(batch_shape, self.dtype)
-        return (self._assemble_jitted, ("assembly", batch_shape), ((entry,) * count,), False)
+        return (self._assemble_top, ("assembly", batch_shape), ((entry,) * count,), False)
 
     def _run_job(self, job: tuple, shapes: set, register: bool) -> Any:
         """Compile `job` unless done, run it; a call's own arguments register its shape
@@ -611,7 +618,7 @@ class Kernel:
         """The entries' executable, then the assembly executable."""
         entries = self._run_job(self._entries_job(prepared, batch_shape, raw),
                                 self._separate_shapes, register)
-        return self._assemble_jitted(entries)
+        return self._assemble_top(entries)
 
     def _probe(self, prepared: tuple, batch_shape: tuple[int, ...], raw: tuple | None) -> Any:
         """Time both assemblies on the first batch of PROBE_FROM samples or more, and again
@@ -688,7 +695,7 @@ class Kernel:
             result = call_direct(self._direct_entries, self._separate_shapes,
                                  self._const_values, args, self._integers_seen)
             if result is not NOT_TAKEN:
-                return self._assemble_jitted(result)
+                return self._assemble_top(result)
         return result
 
     def __call__(self, *args: Any) -> Any:

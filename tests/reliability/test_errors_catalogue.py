@@ -208,6 +208,13 @@ def test_builderror_warn_bytes(monkeypatch):
                                      functions={"first": lambda t, v: t[0] * v}))
 
 
+def test_builderror_vector_width(monkeypatch):
+    monkeypatch.setenv("SYMKERN_CPU_VECTOR_WIDTH", "wide")
+    _check("builderror-vector-width", sk.BuildError,
+           "SYMKERN_CPU_VECTOR_WIDTH: expected 128, 256, 512, or 0 for XLA's default, got 'wide'",
+           lambda: sk.build_function(x0 + 1, x0))
+
+
 def test_builderror_matrix_element():
     M = sp.MatrixSymbol("M", 2, 2)
     _check("builderror-matrix-element", sk.BuildError, "eqs: free symbols M are neither|"
