@@ -158,7 +158,9 @@ class SymkernTool:
 
     def extra(self) -> dict:
         return {"timings": {k: round(v, 4) for k, v in self.kernel.timings.items()},
-                "compilations": self.kernel.compilations}
+                "compilations": self.kernel.compilations,
+                # how the probe chose to assemble outputs (None: one executable, no probe)
+                "assembly": getattr(self.kernel, "assembly", None)}
 
 
 class SymkernNetworkTool(SymkernTool):
@@ -492,7 +494,9 @@ def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
     times = round_robin(calls, rounds)
     return {"rounds": rounds, "batch": cfg["batch"], "tools": {
         name: {"throughput": cfg["batch"] / statistics.median(ts),
-               "times_s": [round(t, 9) for t in ts]} for name, ts in times.items()}}
+               "times_s": [round(t, 9) for t in ts],
+               "assembly": getattr(getattr(built[name], "kernel", None), "assembly", None)}
+        for name, ts in times.items()}}
 
 
 def _apply_interleaved(entry: dict, interleaved: dict) -> None:
@@ -508,6 +512,8 @@ def _apply_interleaved(entry: dict, interleaved: dict) -> None:
             r["throughput_isolated"] = r["throughput"]
             r["throughput"] = figures["throughput"]
             r["interleaved_times_s"] = figures["times_s"]
+            if figures.get("assembly") is not None:
+                r["interleaved_assembly"] = figures["assembly"]
 
 
 def worker(tool_name: str, wl: Any, X: np.ndarray, ref: np.ndarray | None, compiles: list[int],
