@@ -20,7 +20,7 @@ from symkern.batching.kernel import (
     _weak_method,
     call_direct,
     check_dtype_policy,
-    integer_array,
+    refuse_integer_arrays,
 )
 from symkern.errors import ArgumentError
 
@@ -60,9 +60,7 @@ class FlatKernel:
         return self.kernel._compute(const_args, data, self._leaves(theta))
 
     def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
-        if any(map(integer_array, jax.tree_util.tree_leaves(args))):
-            self._integers_seen = True
-            raise ArgumentError("integer arrays take the checked path (cast on the host)")
+        refuse_integer_arrays(self, jax.tree_util.tree_leaves(args))
         data, theta = self._check(args)
         return self._evaluate(const_args, data, theta)
 

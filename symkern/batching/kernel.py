@@ -97,6 +97,15 @@ def integer_array(leaf: Any) -> bool:
             and not getattr(getattr(leaf, "aval", leaf), "weak_type", False))
 
 
+def refuse_integer_arrays(owner: Any, leaves: Sequence[Any]) -> None:
+    """In a direct path's trace: integer arrays take the checked path instead (ArgumentError,
+    which call_direct reads as "not taken"), and `owner` remembers it (call_direct's
+    `integers_seen`)."""
+    if any(map(integer_array, leaves)):
+        owner._integers_seen = True
+        raise ArgumentError("integer arrays take the checked path (cast on the host)")
+
+
 def _leaf_signature(leaf: Any) -> tuple:
     """Shape, dtype and weak type of a leaf as jit keys it (numpy ones under disable_jit)."""
     aval = getattr(leaf, "aval", None)
@@ -109,7 +118,7 @@ def _jit_takes(args: tuple) -> bool:
     """Whether jit takes every leaf of `args` as it is (else the checked arrays are used)."""
     for leaf in jax.tree_util.tree_leaves(args):
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-            if leaf.dtype.kind not in "bf" or integer_array(leaf):
+            if leaf.dtype.kind not in "bf":  # integer arrays are cast on the host
                 return False
         elif type(leaf) is int:
             if not -2**31 <= leaf < 2**31:
@@ -356,9 +365,7 @@ class Kernel:
 
     def _checked_arguments(self, args: tuple, signatures: set) -> tuple[tuple, tuple]:
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        if any(map(integer_array, leaves)):
-            self._integers_seen = True
-            raise ArgumentError("integer arrays take the checked path (cast on the host)")
+        refuse_integer_arrays(self, leaves)
         _, data, parameter_leaves = self._prepare(args)
         signatures.add((treedef, tuple(map(_leaf_signature, leaves))))
         return data, parameter_leaves

@@ -248,8 +248,7 @@ def stream(
     chunk = int(chunk)
     base = kernel.kernel if isinstance(kernel, BoundKernel) else kernel
     signature = base.signature
-    labels = [spec.label for spec in signature.data]
-    if not labels:
+    if not signature.data:
         raise ArgumentError("stream: the kernel has no data arguments, so nothing to stream")
 
     # Parameters: checked and sent to the device once, not with every chunk.

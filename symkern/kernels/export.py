@@ -7,7 +7,6 @@ serialized module; nothing in it is ever evaluated as Python.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,9 +78,9 @@ class LoadedKernel:
         self.dtype = np.dtype(header["dtype"])
         # the exported function's arguments are ((const_args, data, ps), {})
         self._ps_treedef = exported.in_tree.children()[0].children()[2]
+        avals = exported.in_avals  # const args, data, then the ps leaves
         self._ps_shapes = [tuple(aval.shape)
-                           for aval in exported.in_avals[-self._ps_treedef.num_leaves:]] \
-            if self._ps_treedef.num_leaves else []
+                           for aval in avals[len(avals) - self._ps_treedef.num_leaves:]]
 
     def __call__(self, *args: Any) -> Any:
         _check_x64(self.header)
@@ -99,8 +98,7 @@ class LoadedKernel:
                 raise ArgumentError(f"x{k + 1}: this kernel was exported for shape ({shown}), "
                                     f"got {tuple(array.shape)}")
         ps = self._parameters(args[count] if has_params else None)
-        batch = data[0].shape[:len(data[0].shape) - len(_per_sample(self.header["data"][0]))] \
-            if data else ()
+        batch = data[0].shape[:self.header["data"][0]["shape"].count(None)] if data else ()
         if 0 in batch:
             # symbolic batch sizes are at least 1: run one sample of zeros, keep none of it
             ones = tuple(max(n, 1) for n in batch)
@@ -124,7 +122,7 @@ class LoadedKernel:
         for label, leaf, shape in zip(labels, leaves, self._ps_shapes, strict=True):
             array = jnp.asarray(leaf, self.dtype)
             if array.shape != shape:
-                if array.size == math.prod(shape) and array.shape == (shape[0], 1):
+                if len(shape) == 1 and array.shape == (shape[0], 1):
                     array = array.reshape(shape)  # an m x 1 leaf given as a column
                 else:
                     raise ArgumentError(f"{label}: expected shape {shape}, got {array.shape}")
@@ -134,11 +132,6 @@ class LoadedKernel:
     def __repr__(self) -> str:
         return (f"LoadedKernel({len(self.header['data'])} data argument(s), "
                 f"{len(self.const_args)} const arg(s), {self.dtype.name})")
-
-
-def _per_sample(spec: dict[str, Any]) -> list[int]:
-    """A data argument's per-sample shape from its header entry (batch axes are None)."""
-    return [n for n in spec["shape"] if n is not None]
 
 
 def _check_x64(header: dict[str, Any]) -> None:

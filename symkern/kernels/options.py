@@ -42,6 +42,16 @@ def _full_clock_avx512(cpuinfo: str) -> bool:
     return vendor == "AuthenticAMD" and "avx512f" in flags.split()
 
 
+@functools.cache
+def _host_has_full_clock_avx512() -> bool:
+    """`_full_clock_avx512` of this host's /proc/cpuinfo, read once per process (every
+    kernel asks, for each of its top-level jits); False where there is none."""
+    try:
+        return _full_clock_avx512(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return False
+
+
 def vector_width() -> int | None:
     """The preferred CPU vector width in bits, or None for XLA's default."""
     setting = os.environ.get(VECTOR_WIDTH_ENV, None)
@@ -52,11 +62,7 @@ def vector_width() -> int | None:
             raise BuildError(f"{VECTOR_WIDTH_ENV}: expected 128, 256, 512, or 0 for XLA's "
                              f"default, got {setting!r}")
         return int(setting)
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    return 512 if _full_clock_avx512(cpuinfo) else None
+    return 512 if _host_has_full_clock_avx512() else None
 
 
 @functools.cache

@@ -67,5 +67,7 @@ def test_loaded_kernel_checks_its_parameters(pair) -> None:
         loaded(X, {"a": 1.0})
     with pytest.raises(sk.ArgumentError, match=r'ps\["W"\]: expected shape \(2, 2\), got \(3,\)'):
         loaded(X, {"a": 1.0, "W": np.ones(3)})
+    with pytest.raises(sk.ArgumentError, match=r'ps\["a"\]: expected shape \(\), got \(1,\)'):
+        loaded(X, {"a": [1.0], "W": ps["W"]})
     np.testing.assert_allclose(loaded(X, {"a": 2, "W": ps["W"].tolist()})[0],
                                loaded(X, ps)[0], rtol=1e-6)
