@@ -160,7 +160,9 @@ class SymkernTool:
         return {"timings": {k: round(v, 4) for k, v in self.kernel.timings.items()},
                 "compilations": self.kernel.compilations,
                 # how the probe chose to assemble outputs (None: one executable, no probe)
-                "assembly": getattr(self.kernel, "assembly", None)}
+                "assembly": getattr(self.kernel, "assembly", None),
+                # what the probe measured (batch, rounds, each form's best seconds)
+                "probe": getattr(self.kernel, "probe", None)}
 
 
 class SymkernNetworkTool(SymkernTool):
@@ -495,7 +497,8 @@ def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
     return {"rounds": rounds, "batch": cfg["batch"], "tools": {
         name: {"throughput": cfg["batch"] / statistics.median(ts),
                "times_s": [round(t, 9) for t in ts],
-               "assembly": getattr(getattr(built[name], "kernel", None), "assembly", None)}
+               "assembly": getattr(getattr(built[name], "kernel", None), "assembly", None),
+               "probe": getattr(getattr(built[name], "kernel", None), "probe", None)}
         for name, ts in times.items()}}
 
 
@@ -514,6 +517,7 @@ def _apply_interleaved(entry: dict, interleaved: dict) -> None:
             r["interleaved_times_s"] = figures["times_s"]
             if figures.get("assembly") is not None:
                 r["interleaved_assembly"] = figures["assembly"]
+                r["interleaved_probe"] = figures["probe"]
 
 
 def worker(tool_name: str, wl: Any, X: np.ndarray, ref: np.ndarray | None, compiles: list[int],

@@ -41,10 +41,12 @@ PROBE_FROM = 64
 TRANSPOSED_ASSEMBLY_UP_TO = 8
 #: the probe times both at least PROBE_ROUNDS times, and more (up to PROBE_MAX_ROUNDS)
 #: until PROBE_SECONDS have passed: a sub-millisecond kernel's best of three flipped its
-#: choice between runs on a shared machine (0.55 vs 1.0 ms at 100k samples)
-PROBE_ROUNDS = 3
+#: choice between runs on a shared machine (0.55 vs 1.0 ms at 100k samples), and at 100k
+#: samples nlink-3's first rounds ran 2-4x slower than later ones (fresh buffers), so
+#: three rounds in 50 ms left one round deciding
+PROBE_ROUNDS = 5
 PROBE_MAX_ROUNDS = 25
-PROBE_SECONDS = 0.05
+PROBE_SECONDS = 0.1
 #: ... and stops after one round once this many seconds have passed (long calls)
 PROBE_MAX_SECONDS = 1.0
 #: a batch this many times larger than the one the probe measured is measured again (a
@@ -250,6 +252,9 @@ class Kernel:
         #: in-program stack costs more to compile than a second dispatch costs to run)
         self.fuse_small_batches = True
         self._probed_size: int | None = None  # the batch size `assembly` was measured at
+        #: what the last measurement saw: {"batch": samples, "rounds": timed rounds,
+        #: "fused_s" / "separate_s": each form's best seconds}; None until measured
+        self.probe: dict[str, float] | None = None
         # whether the direct path has refused integer arrays (call_direct)
         self._integers_seen = False
         # the generated code reads `ps[key]` at every level: a tree with nodes read by
@@ -661,6 +666,8 @@ class Kernel:
                 break
         self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
         self._probed_size = math.prod(batch_shape)
+        self.probe = {"batch": self._probed_size, "rounds": rounds,
+                      "fused_s": best["fused"], "separate_s": best["separate"]}
         if raw is not None and _jit_takes(raw):
             shapes = self._direct_shapes if self.assembly == "fused" else self._separate_shapes
             shapes.add(tuple(np.shape(raw[0])))

@@ -56,6 +56,21 @@ def test_the_probe_runs_once_and_keeps_one_choice():
     assert kernel.timings["assembly_probe"] == probed
 
 
+def test_the_probe_records_what_it_measured_and_chooses_by_it():
+    from symkern.batching.kernel import PROBE_ROUNDS
+
+    kernel = build()
+    assert kernel.probe is None
+    X = np.random.default_rng(4).normal(size=(300, 2))
+    kernel(X, {"a": 0.5})
+    probe = kernel.probe
+    assert probe["batch"] == 300 and probe["rounds"] >= PROBE_ROUNDS
+    assert 0 < probe["fused_s"] < kernel.timings["assembly_probe"]
+    assert 0 < probe["separate_s"] < kernel.timings["assembly_probe"]
+    faster = "fused" if probe["fused_s"] <= probe["separate_s"] else "separate"
+    assert kernel.assembly == faster
+
+
 def test_the_probe_compiles_each_form_once_and_later_calls_none(compile_events):
     kernel = build()
     rng = np.random.default_rng(3)
