@@ -215,6 +215,14 @@ def test_builderror_vector_width(monkeypatch):
            lambda: sk.build_function(x0 + 1, x0))
 
 
+def test_builderror_vectorized_trig(monkeypatch):
+    monkeypatch.setenv("SYMKERN_VECTORIZED_TRIG", "fast")
+    _check("builderror-vectorized-trig", sk.BuildError,
+           re.escape("SYMKERN_VECTORIZED_TRIG: expected 1 (vectorized sin and cos where they "
+                     "pay) or 0 (jnp.sin and jnp.cos everywhere), got 'fast'"),
+           lambda: sk.build_function(x0 + 1, x0))
+
+
 def test_builderror_matrix_element():
     M = sp.MatrixSymbol("M", 2, 2)
     _check("builderror-matrix-element", sk.BuildError, "eqs: free symbols M are neither|"

@@ -1,0 +1,255 @@
+"""A vectorizable sin/cos against XLA's, measured (seventh performance pass, ninth session).
+
+Usage: python benchmarks/experiments/fast_trig.py [--batch 100000] [--repeats 15]
+                                                  [--workloads pendulum,nlink-3,expr-1e3]
+
+XLA's CPU backend computes float32 sin and cos by calling the C library once per element,
+which costs ~4 ns an element and keeps the loop around it from being vectorized; exp and
+tanh are polynomials it vectorizes. Part 1 times both kinds at 10^7 float32 elements, and
+a vectorizable sin/cos written in jax.numpy (a Cody-Waite reduction by pi/2 in four float32
+parts, Cephes' minimax polynomials) alone and behind a per-element fallback to jnp.sin; and
+measures the polynomial's error in ulps against mpmath for |x| <= FAST_UP_TO.
+
+The reduction is exact only for |x| <= FAST_UP_TO, so a kernel that uses the polynomial
+needs a fallback. Part 2 builds symkern's kernel for each workload in a child process per
+variant and prints M samples/s at the batch and the first call's seconds at 1,024 samples:
+
+  xla         jnp.sin / jnp.cos (SYMKERN_VECTORIZED_TRIG=0), symkern before this pass
+  polynomial  the polynomial everywhere and no fallback: wrong beyond FAST_UP_TO, so only
+              an upper bound of what a fallback could keep
+  per-site    each call is lax.cond(max |x| > FAST_UP_TO, jnp.sin, polynomial)
+  whole       the polynomial returns NaN beyond FAST_UP_TO, and the whole kernel runs again
+              with jnp.sin when an output is NaN (one lax.cond around the kernel)
+  kept        what symkern does now (symkern.codegen.trig): per-site, only for call sites
+              of 4,096 elements or more and kernels with at most 32 calls
+
+The first four replace jax.numpy's sin and cos in the child process, with symkern's own
+vectorized sin and cos switched off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
+
+#: the polynomial's range: k = round(x * 2/pi) stays below 2^12, so k times each 12-bit
+#: part of pi/2 is exact in float32
+FAST_UP_TO = np.float32(4096.0)
+TWO_OVER_PI = np.float32(2 / np.pi)
+VARIANTS = ["xla", "polynomial", "per-site", "whole", "kept"]
+XLA_SIN, XLA_COS = jnp.sin, jnp.cos
+
+
+def _pi_over_two_parts(bits: int = 12, count: int = 4) -> list[np.float32]:
+    """pi/2 as float32 parts of `bits` significant bits each, the last one full."""
+    import mpmath
+
+    mpmath.mp.prec = 200
+    rest, parts = mpmath.pi / 2, []
+    for i in range(count):
+        if i < count - 1:
+            mantissa, exponent = mpmath.frexp(rest)
+            rest_part = mpmath.ldexp(mpmath.floor(mantissa * 2**bits) / 2**bits, exponent)
+        else:
+            rest_part = rest
+        part = np.float32(float(rest_part))
+        parts.append(part)
+        rest -= mpmath.mpf(float(part))
+    return parts
+
+
+PARTS = _pi_over_two_parts()
+
+
+def polynomial_sin(x, quarter_turns: int = 0):
+    """sin(x + quarter_turns * pi/2) for float32 |x| <= FAST_UP_TO (Cephes sinf/cosf)."""
+    k = jnp.round(x * TWO_OVER_PI)
+    r = x
+    for part in PARTS:
+        r = r - k * part
+    r = jnp.where(k == 0, x, r)  # keeps sin(-0.0) = -0.0
+    r2 = r * r
+    sine = r + r * r2 * (np.float32(-1.6666654611e-1) + r2 * (
+        np.float32(8.3321608736e-3) + r2 * np.float32(-1.9515295891e-4)))
+    cosine = np.float32(1) - np.float32(0.5) * r2 + r2 * r2 * (
+        np.float32(4.166664568298827e-2) + r2 * (np.float32(-1.388731625493765e-3)
+                                                 + r2 * np.float32(2.443315711809948e-5)))
+    q = (k.astype(jnp.int32) + quarter_turns) & 3
+    value = jnp.where((q & 1) == 0, sine, cosine)
+    return jnp.where(q >= 2, -value, value)
+
+
+def polynomial_cos(x):
+    return polynomial_sin(x, 1)
+
+
+def _float32_array(x) -> bool:
+    return hasattr(x, "dtype") and x.dtype == np.float32
+
+
+def _per_site(polynomial, xla):
+    def evaluate(x):
+        if not _float32_array(x):
+            return xla(x)
+        return lax.cond(jnp.max(jnp.abs(x)) > FAST_UP_TO, xla, polynomial, x)
+    return evaluate
+
+
+_POISON = contextvars.ContextVar("poison", default=False)
+
+
+def _poisoned(polynomial, xla):
+    def evaluate(x):
+        if not _POISON.get() or not _float32_array(x):
+            return xla(x)
+        return jnp.where(jnp.abs(x) <= FAST_UP_TO, polynomial(x), np.float32(np.nan))
+    return evaluate
+
+
+def _run_again_on_nan(function):
+    def evaluate(*args):
+        token = _POISON.set(True)
+        try:
+            out = function(*args)
+        finally:
+            _POISON.reset(token)
+        leaves = jax.tree_util.tree_leaves(out)
+        flag = functools.reduce(jnp.logical_or, [jnp.any(jnp.isnan(leaf)) for leaf in leaves])
+        return lax.cond(flag, lambda: function(*args), lambda: out)
+    return evaluate
+
+
+def _install(variant: str) -> None:
+    """Replace jax.numpy's sin and cos (and, for `whole`, wrap the kernel's body)."""
+    if variant == "polynomial":
+        jnp.sin, jnp.cos = polynomial_sin, polynomial_cos
+    elif variant == "per-site":
+        jnp.sin, jnp.cos = _per_site(polynomial_sin, XLA_SIN), _per_site(polynomial_cos, XLA_COS)
+    elif variant == "whole":
+        from symkern.batching.kernel import Kernel
+
+        jnp.sin, jnp.cos = _poisoned(polynomial_sin, XLA_SIN), _poisoned(polynomial_cos, XLA_COS)
+        compute = Kernel._compute  # one guard per program: the fused form's around both
+        Kernel._evaluate = lambda self, *a: _run_again_on_nan(
+            lambda *b: self._assemble(compute(self, *b)))(*a)
+        Kernel._compute = lambda self, *a: _run_again_on_nan(
+            lambda *b: compute(self, *b))(*a)
+
+
+def _best_ns(function, x, repeats: int = 5) -> float:
+    jitted = jax.jit(function)
+    jitted(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        jitted(x).block_until_ready()
+        times.append(time.perf_counter() - began)
+    return min(times) / x.size * 1e9
+
+
+def elementwise() -> None:
+    import mpmath
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(-3, 3, 10_000_000).astype(np.float32))
+    rows = [("jnp.sin", XLA_SIN), ("jnp.cos", XLA_COS), ("jnp.exp", jnp.exp),
+            ("jnp.tanh", jnp.tanh), ("1.5 * x + 0.2", lambda v: v * 1.5 + 0.2),
+            ("polynomial sin", polynomial_sin), ("polynomial cos", polynomial_cos),
+            ("polynomial sin, jnp.sin beyond the range (select)",
+             lambda v: jnp.where(jnp.abs(v) > FAST_UP_TO, XLA_SIN(v), polynomial_sin(v)))]
+    print("ns per float32 element at 10^7 elements (best of 5):")
+    for name, function in rows:
+        print(f"  {name:52s} {_best_ns(function, x):6.2f}")
+    rng = np.random.default_rng(1)
+    samples = np.concatenate([rng.uniform(-FAST_UP_TO, FAST_UP_TO, 5000),
+                              rng.uniform(-10, 10, 5000)]).astype(np.float32)
+    mpmath.mp.prec = 80
+    for name, mine, xla, reference in [("sin", polynomial_sin, XLA_SIN, mpmath.sin),
+                                       ("cos", polynomial_cos, XLA_COS, mpmath.cos)]:
+        want = np.array([float(reference(mpmath.mpf(float(v)))) for v in samples])
+        ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+        errors = {label: float(np.max(np.abs(np.asarray(f(jnp.asarray(samples)), np.float64)
+                                             - want) / ulp))
+                  for label, f in (("polynomial", jax.jit(mine)), ("jnp", jax.jit(xla)))}
+        print(f"  max error of {name} on |x| <= {FAST_UP_TO:g}, in ulps: polynomial "
+              f"{errors['polynomial']:.2f}, jnp {errors['jnp']:.2f}")
+
+
+def child(name: str, variant: str, batch: int, repeats: int) -> dict:
+    import workloads
+    from compare import ADAPTERS, _block
+
+    _install(variant)
+    wl = workloads.build(name)
+    tool = ADAPTERS["symkern"](wl)
+    tool.build()
+    ps = tool.params(wl.param_values)
+    began = time.perf_counter()
+    first = _block(tool.call(tool.prepare(wl.sample(1024, seed=2)), ps))
+    first_call = time.perf_counter() - began
+    big = tool.prepare(wl.sample(batch, seed=1))
+    for _ in range(3):
+        _block(tool.call(big, ps))
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        _block(tool.call(big, ps))
+        times.append(time.perf_counter() - began)
+    leaves = [np.asarray(leaf, np.float64) for leaf in jax.tree_util.tree_leaves(first)]
+    return {"throughput": batch / statistics.median(times), "first_call_s": first_call,
+            "checksum": float(sum(np.nansum(leaf) for leaf in leaves))}
+
+
+def kernels(names: list[str], batch: int, repeats: int) -> None:
+    print(f"\nsymkern kernels, M samples/s at {batch} (median of {repeats}) and first call "
+          "at 1,024 samples, a child process per variant:")
+    for name in names:
+        row = {}
+        for variant in VARIANTS:
+            env = dict(os.environ)
+            env.pop("SYMKERN_VECTORIZED_TRIG", None)
+            if variant != "kept":
+                env["SYMKERN_VECTORIZED_TRIG"] = "0"
+            out = subprocess.run([sys.executable, __file__, "--child", name, variant,
+                                  "--batch", str(batch), "--repeats", str(repeats)],
+                                 capture_output=True, text=True, check=True, env=env)
+            row[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+        cells = "  ".join(f"{v} {row[v]['throughput'] / 1e6:.3g} ({row[v]['first_call_s']:.2f} s)"
+                          for v in VARIANTS)
+        print(f"  {name:9s} {cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--workloads", default="pendulum,nlink-3,expr-1e3")
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "VARIANT"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child, args.batch, args.repeats)))
+        return 0
+    elementwise()
+    kernels(args.workloads.split(","), args.batch, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
