@@ -32,6 +32,7 @@ among them, compile and run as before), the CPU backend, and unless
 from __future__ import annotations
 
 import ast
+import math
 import os
 from typing import Any
 
@@ -80,9 +81,13 @@ def polynomial(x: Any, quarter_turns: int) -> Any:
 
 def _vectorizes(x: Any) -> bool:
     """Whether a call site takes the conditional: a float32 array of VECTORIZED_FROM
-    elements or more, traced for the CPU."""
-    return (getattr(x, "dtype", None) == np.float32 and np.size(x) >= VECTORIZED_FROM
-            and jax.default_backend() == "cpu")
+    elements or more, traced for the CPU. A symbolic batch dimension (`kernel.export`)
+    keeps the library: the size is not known until the exported kernel runs."""
+    if getattr(x, "dtype", None) != np.float32 or jax.default_backend() != "cpu":
+        return False
+    shape = np.shape(x)
+    return (all(isinstance(d, (int, np.integer)) for d in shape)
+            and math.prod(shape) >= VECTORIZED_FROM)
 
 
 def _site(x: Any, quarter_turns: int, library: Any) -> Any:

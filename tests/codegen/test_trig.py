@@ -201,6 +201,17 @@ def test_vmap_over_a_kernel_with_the_conditional():
     assert_reference(out, X)
 
 
+def test_an_exported_kernel_keeps_the_library_and_agrees():
+    # a symbolic batch size cannot be compared with VECTORIZED_FROM: the library's sin/cos
+    X = data(N, seed=5)
+    loaded = sk.load(KERNEL.export(X, PS), KERNEL.const_args)
+    for rows in (7, N):
+        got, want = loaded(X[:rows], PS), KERNEL(X[:rows], PS)
+        for key in want:
+            np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]),
+                                       rtol=2e-6, atol=2e-6 * np.abs(np.asarray(want[key])).max())
+
+
 def test_the_environment_switches_it_off_and_a_bad_value_is_refused(monkeypatch):
     monkeypatch.setenv(trig.VECTORIZED_TRIG_ENV, "0")
     kernel = build()
