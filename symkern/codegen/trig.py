@@ -19,13 +19,14 @@ from being vectorized too (`benchmarks/experiments/fast_trig.py`, docs/benchmark
   its range (a NaN argument gives NaN either way, and XLA's CPU max may skip it);
 - **its own fusion**: the conditional makes each call one small vectorized loop, and the rest of
   the body a loop without library calls. Measured at 100,000 samples: the double pendulum
-  3.4x, the 3-link pendulum on a cart 1.5x.
+  4.1x, the 3-link pendulum on a cart 1.7x (docs/benchmarks.md, "Seventh performance pass").
 
 Only where it pays and costs little to compile: a kernel's code with at most
 VECTORIZED_UP_TO_CALLS sin/cos calls (each call compiles two branches: a generated
-10^3-operation expression with 194 calls took 6.7 s instead of 1.4), call sites of at least
-VECTORIZED_FROM float32 elements (smaller batches, a kernel's first call at 1,024 samples
-among them, compile and run as before), the CPU backend, and unless
+10^3-operation expression with 194 calls took 6.4 s instead of 1.1), call sites of at least
+VECTORIZED_FROM float32 elements of a known size (smaller batches, a kernel's first call at
+1,024 samples among them, and `kernel.export`'s symbolic batch compile and run as before),
+the CPU backend, and unless
 `SYMKERN_VECTORIZED_TRIG=0`. Derivatives are the other function at the same site (custom JVP).
 """
 
