@@ -158,11 +158,14 @@ class SymkernTool:
 
     def extra(self) -> dict:
         return {"timings": {k: round(v, 4) for k, v in self.kernel.timings.items()},
-                "compilations": self.kernel.compilations,
-                # how the probe chose to assemble outputs (None: one executable, no probe)
-                "assembly": getattr(self.kernel, "assembly", None),
-                # what the probe measured (batch, rounds, each form's best seconds)
-                "probe": getattr(self.kernel, "probe", None)}
+                "compilations": self.kernel.compilations, **_assembly_figures(self.kernel)}
+
+
+def _assembly_figures(kernel: Any) -> dict:
+    """How a symkern kernel's probe chose to assemble outputs (`assembly`; None: one
+    executable, no probe) and what it measured (`probe`: batch, rounds, each form's best
+    seconds); both None for anything else."""
+    return {"assembly": getattr(kernel, "assembly", None), "probe": getattr(kernel, "probe", None)}
 
 
 class SymkernNetworkTool(SymkernTool):
@@ -497,8 +500,7 @@ def interleave(built: dict[str, Any], wl: Any, cfg: dict) -> dict:
     return {"rounds": rounds, "batch": cfg["batch"], "tools": {
         name: {"throughput": cfg["batch"] / statistics.median(ts),
                "times_s": [round(t, 9) for t in ts],
-               "assembly": getattr(getattr(built[name], "kernel", None), "assembly", None),
-               "probe": getattr(getattr(built[name], "kernel", None), "probe", None)}
+               **_assembly_figures(getattr(built[name], "kernel", None))}
         for name, ts in times.items()}}
 
 

@@ -6,9 +6,10 @@ Usage: python benchmarks/experiments/fast_trig.py [--batch 100000] [--repeats 15
 XLA's CPU backend computes float32 sin and cos by calling the C library once per element,
 which costs ~4 ns an element and keeps the loop around it from being vectorized; exp and
 tanh are polynomials it vectorizes. Part 1 times both kinds at 10^7 float32 elements, and
-a vectorizable sin/cos written in jax.numpy (a Cody-Waite reduction by pi/2 in four float32
-parts, Cephes' minimax polynomials) alone and behind a per-element fallback to jnp.sin; and
-measures the polynomial's error in ulps against mpmath for |x| <= FAST_UP_TO.
+a vectorizable sin/cos written in jax.numpy (``symkern.codegen.trig.polynomial``: a
+Cody-Waite reduction by pi/2 in four float32 parts, Cephes' minimax polynomials) alone
+and behind a per-element fallback to jnp.sin; and measures the polynomial's error in ulps
+against mpmath for |x| <= FAST_UP_TO.
 
 The reduction is exact only for |x| <= FAST_UP_TO, so a kernel that uses the polynomial
 needs a fallback. Part 2 builds symkern's kernel for each workload in a child process per
@@ -49,55 +50,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-#: the polynomial's range: k = round(x * 2/pi) stays below 2^12, so k times each 12-bit
-#: part of pi/2 is exact in float32
-FAST_UP_TO = np.float32(4096.0)
-TWO_OVER_PI = np.float32(2 / np.pi)
+from symkern.codegen.trig import FAST_UP_TO, polynomial  # noqa: E402
+
 VARIANTS = ["xla", "polynomial", "per-site", "whole", "kept"]
 XLA_SIN, XLA_COS = jnp.sin, jnp.cos
 
 
-def _pi_over_two_parts(bits: int = 12, count: int = 4) -> list[np.float32]:
-    """pi/2 as float32 parts of `bits` significant bits each, the last one full."""
-    import mpmath
-
-    mpmath.mp.prec = 200
-    rest, parts = mpmath.pi / 2, []
-    for i in range(count):
-        if i < count - 1:
-            mantissa, exponent = mpmath.frexp(rest)
-            rest_part = mpmath.ldexp(mpmath.floor(mantissa * 2**bits) / 2**bits, exponent)
-        else:
-            rest_part = rest
-        part = np.float32(float(rest_part))
-        parts.append(part)
-        rest -= mpmath.mpf(float(part))
-    return parts
-
-
-PARTS = _pi_over_two_parts()
-
-
-def polynomial_sin(x, quarter_turns: int = 0):
-    """sin(x + quarter_turns * pi/2) for float32 |x| <= FAST_UP_TO (Cephes sinf/cosf)."""
-    k = jnp.round(x * TWO_OVER_PI)
-    r = x
-    for part in PARTS:
-        r = r - k * part
-    r = jnp.where(k == 0, x, r)  # keeps sin(-0.0) = -0.0
-    r2 = r * r
-    sine = r + r * r2 * (np.float32(-1.6666654611e-1) + r2 * (
-        np.float32(8.3321608736e-3) + r2 * np.float32(-1.9515295891e-4)))
-    cosine = np.float32(1) - np.float32(0.5) * r2 + r2 * r2 * (
-        np.float32(4.166664568298827e-2) + r2 * (np.float32(-1.388731625493765e-3)
-                                                 + r2 * np.float32(2.443315711809948e-5)))
-    q = (k.astype(jnp.int32) + quarter_turns) & 3
-    value = jnp.where((q & 1) == 0, sine, cosine)
-    return jnp.where(q >= 2, -value, value)
+def polynomial_sin(x):
+    """symkern's polynomial sin (symkern.codegen.trig), without its conditional."""
+    return polynomial(x, 0)
 
 
 def polynomial_cos(x):
-    return polynomial_sin(x, 1)
+    return polynomial(x, 1)
 
 
 def _float32_array(x) -> bool:

@@ -251,7 +251,6 @@ class Kernel:
         #: whether batches below PROBE_FROM run as one executable (False: a big body, whose
         #: in-program stack costs more to compile than a second dispatch costs to run)
         self.fuse_small_batches = True
-        self._probed_size: int | None = None  # the batch size `assembly` was measured at
         #: what the last measurement saw: {"batch": samples, "rounds": timed rounds,
         #: "fused_s" / "separate_s": each form's best seconds}; None until measured
         self.probe: dict[str, float] | None = None
@@ -561,6 +560,11 @@ class Kernel:
             return self._execute_fused(prepared, batch_shape, raw)
         return self._execute_separate(prepared, batch_shape, raw)
 
+    @property
+    def _probed_size(self) -> int | None:
+        """The batch size `assembly` was last measured at (None: never measured)."""
+        return None if self.probe is None else self.probe["batch"]
+
     def _grown(self, size: int) -> bool:
         """Whether a batch of `size` samples is REPROBE_FACTOR times the one last measured."""
         return (self._probed_size is not None and size <= REPROBE_UP_TO
@@ -665,8 +669,7 @@ class Kernel:
                     or elapsed >= PROBE_MAX_SECONDS):
                 break
         self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
-        self._probed_size = math.prod(batch_shape)
-        self.probe = {"batch": self._probed_size, "rounds": rounds,
+        self.probe = {"batch": math.prod(batch_shape), "rounds": rounds,
                       "fused_s": best["fused"], "separate_s": best["separate"]}
         if raw is not None and _jit_takes(raw):
             shapes = self._direct_shapes if self.assembly == "fused" else self._separate_shapes

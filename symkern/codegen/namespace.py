@@ -49,7 +49,7 @@ def kernel_namespace(functions: dict | None = None, vectorized_trig: bool = Fals
         # extensions called from a kernel's frame import lazily through that frame's
         # builtins (PyImport_Import), so the import hook itself must be there.
         "__builtins__": {"__import__": builtins.__import__},
-        "jnp": trig.VectorizedTrigNumpy() if vectorized_trig else jnp,
+        "jnp": trig.NUMPY if vectorized_trig else jnp,
         "lax": lax,
         "jsp": jsp,
         "gate": gate,

@@ -135,6 +135,10 @@ class VectorizedTrigNumpy:
         return "<jax.numpy, sin and cos from symkern.codegen.trig>"
 
 
+#: the one instance every kernel namespace with vectorized sin and cos holds (no state)
+NUMPY = VectorizedTrigNumpy()
+
+
 def trig_calls(module: ast.Module) -> int:
     """How many `jnp.sin(...)` and `jnp.cos(...)` calls a kernel's code makes."""
     return sum(1 for node in ast.walk(module)
