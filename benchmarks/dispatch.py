@@ -1,7 +1,7 @@
 """Single-sample dispatch: a kernel call against the jitted function it wraps, same arguments.
 
-Run: `python benchmarks/dispatch.py`. Prints one JSON line per form; the ratio is what
-issue 8 asks about (target ≤ 1.2). Minimum over repeats, since the machine is shared.
+Run: `python benchmarks/dispatch.py`. Prints one JSON line per form; the ratio is the
+dispatch overhead (target ≤ 1.2). Minimum over repeats, since the machine is shared.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Usage: python benchmarks/report.py [RESULTS.json] [--doc docs/benchmarks.md] [--img docs/img]
 
 The tables replace the text between ``<!-- results:begin -->`` and ``<!-- results:end -->``
-in the doc (created if missing), so hand-written sections (the performance pass) survive
+in the doc (created if missing), so the hand-written sections around it survive
 a re-render. The headline is a ratio: symkern's throughput over the best other tool's
 ("anchor") on the same workload, the same machine, the same run.
 """

@@ -1,4 +1,4 @@
-"""A vectorizable sin/cos against XLA's, measured (seventh performance pass, ninth session).
+"""A vectorizable sin/cos against XLA's, measured.
 
 Usage: python benchmarks/experiments/fast_trig.py [--batch 100000] [--repeats 15]
                                                   [--workloads pendulum,nlink-3,expr-1e3]
@@ -15,13 +15,13 @@ The reduction is exact only for |x| <= FAST_UP_TO, so a kernel that uses the pol
 needs a fallback. Part 2 builds symkern's kernel for each workload in a child process per
 variant and prints M samples/s at the batch and the first call's seconds at 1,024 samples:
 
-  xla         jnp.sin / jnp.cos (SYMKERN_VECTORIZED_TRIG=0), symkern before this pass
+  xla         jnp.sin / jnp.cos (SYMKERN_VECTORIZED_TRIG=0), the library call per element
   polynomial  the polynomial everywhere and no fallback: wrong beyond FAST_UP_TO, so only
               an upper bound of what a fallback could keep
   per-site    each call is lax.cond(max |x| > FAST_UP_TO, jnp.sin, polynomial)
   whole       the polynomial returns NaN beyond FAST_UP_TO, and the whole kernel runs again
               with jnp.sin when an output is NaN (one lax.cond around the kernel)
-  kept        what symkern does now (symkern.codegen.trig): per-site, only for call sites
+  kept        what symkern does (symkern.codegen.trig): per-site, only for call sites
               of 4,096 elements or more and kernels with at most 32 calls
 
 The first four replace jax.numpy's sin and cos in the child process, with symkern's own

@@ -1,4 +1,4 @@
-"""Performance pass on symkern's scalar kernels: where the time goes, and what helps.
+"""symkern's scalar kernels: where the time goes, and what helps.
 
 Usage: python benchmarks/experiments/scalar_kernel_variants.py [WORKLOAD ...] [--batch N]
 

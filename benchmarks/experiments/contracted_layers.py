@@ -1,6 +1,6 @@
-"""The fourth performance pass (sixth session), measured in one process.
+"""Dense layers contracted into matrix products against the scalar body, measured in one process.
 
-Usage: python benchmarks/experiments/fourth_pass.py [--batch 100000] [--rounds 21]
+Usage: python benchmarks/experiments/contracted_layers.py [--batch 100000] [--rounds 21]
                                                     [--workloads net-4-16-16-4,...]
 
 Scalarized networks and their Jacobians through build_function, with the sums of a dense
@@ -8,7 +8,7 @@ layer contracted into matrix products (symkern.codegen.contract, the default) ag
 scalar body (``build.CONTRACT_LINEAR_FORMS = False``); for the 4-16-16-4 Jacobian, which
 stays scalar by default, also the contracted and tiled form that bodies above
 ``SPLIT_ABOVE_OPERATIONS`` get (the limit lowered under its 4,658 operations). Timed
-round-robin by ``third_pass.measure`` (median M samples/s at the batch, first result at
+round-robin by ``shared_values_and_whole_bodies.measure`` (median M samples/s at the batch, first result at
 1,024).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from third_pass import build, measure, print_header  # noqa: E402
+from shared_values_and_whole_bodies import build, measure, print_header  # noqa: E402
 
 NETWORKS = ["net-4-16-16-4", "net-8-32-32-8", "jac-4-16-16-4", "jac-8-32-32-8"]
 

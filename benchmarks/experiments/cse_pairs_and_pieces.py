@@ -1,14 +1,13 @@
-"""The fourth session's performance pass: CSE pair sharing, pieces or one executable.
+"""CSE pair sharing, and pieces against one executable, measured in one process.
 
-Usage: python benchmarks/experiments/second_pass.py [workload ...]
+Usage: python benchmarks/experiments/cse_pairs_and_pieces.py [workload ...]
 
 For each workload, one process builds symkern variants and the JAX anchors, then calls them
 in turn for 15 rounds at batch 100,000 (float32; medians, M samples/s):
 - ``pairs``: CSE merges common sub-sums and sub-products at any size (linearize's pair
-  sharing, the default before the fourth session);
+  sharing);
 - ``no-pairs``: never merges them;
-- ``default``: the build_function defaults (pairs only above 2,000 operations, pieces above
-  2,000 operations, vectorized above 4,000 when that shrinks the body 20-fold);
+- ``default``: the build_function defaults;
 - ``one-executable``: ``split=False, vectorize=False``;
 - ``lambdify-jax`` and ``sympy2jax`` as ``compare.py`` uses them.
 The time to the first result at batch 1,024 is printed beside each (one build each, so

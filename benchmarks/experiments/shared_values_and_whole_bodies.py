@@ -1,6 +1,6 @@
-"""The third performance pass (fifth session), measured in one process.
+"""Shared costly values computed once, and mid-size bodies compiled whole, measured in one process.
 
-Usage: python benchmarks/experiments/third_pass.py [--batch 100000] [--rounds 7]
+Usage: python benchmarks/experiments/shared_values_and_whole_bodies.py [--batch 100000] [--rounds 7]
                                                    [--workloads pendulum,nlink-3,...]
 
 Two questions, each answered with build_function's variants timed round-robin at the batch
@@ -13,7 +13,7 @@ at batch 1,024:
   (``build.MATERIALIZE_SHARED = False``), with the sine/cosine/tanh count of the compiled
   entries program (XLA repeats a shared producer in every consumer fusion);
 * ``whole`` (mid-size bodies): the defaults (one executable up to 5,000 operations) against
-  pieces (the limit lowered to the fourth session's 2,000 operations) and the vectorized body.
+  pieces (the limit lowered to 2,000 operations) and the vectorized body.
 """
 
 from __future__ import annotations

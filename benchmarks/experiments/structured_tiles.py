@@ -1,6 +1,6 @@
-"""The fifth performance pass (seventh session), measured in one process.
+"""Structured networks run whole against a chunk of samples at a time, measured in one process.
 
-Usage: python benchmarks/experiments/fifth_pass.py [--batch 100000] [--rounds 21]
+Usage: python benchmarks/experiments/structured_tiles.py [--batch 100000] [--rounds 21]
                                                    [--workloads net-4-16-16-4,...]
                                                    [--chunks none,512,1024,4096]
 

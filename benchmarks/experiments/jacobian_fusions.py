@@ -1,6 +1,6 @@
-"""The sixth performance pass (eighth session): where the 4-16-16-4 Jacobian's time goes.
+"""Where the 4-16-16-4 Jacobian's time goes, against sympy2jax's program.
 
-Usage: python benchmarks/experiments/sixth_pass.py [--batch 100000] [--rounds 21]
+Usage: python benchmarks/experiments/jacobian_fusions.py [--batch 100000] [--rounds 21]
                                                    [--workload jac-4-16-16-4] [--no-sympy2jax]
 
 symkern's scalar body against sympy2jax's program, timed round-robin in one process
