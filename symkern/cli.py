@@ -1,4 +1,4 @@
-"""The command line: `python -m symkern demo | inspect | doctor | bench`.
+"""The command line: `python -m symkern demo | inspect | doctor`.
 
 Imports symkern's own modules lazily, per command.
 """

@@ -61,9 +61,9 @@ def resolve_dtype(dtype: Any) -> np.dtype:
 
 #: bodies above this many operations are compiled as pieces of at most PIECE_OPERATIONS,
 #: in two threads: at 10^4 operations that took the first result from 82 s to 19 s and ran
-#: 3x faster (docs/benchmarks.md, "Expression scale"); below it one executable ran faster
+#: 3x faster (docs/design/pieces.md); below it one executable ran faster
 #: (4-16-16-4 network Jacobian, 4,658 operations: 12.8 vs 7.0 M samples/s, first result
-#: 6.8 vs 3.9 s; 8-32-32-8 network: 11.4 vs 9.9 M/s, 4.3 vs 2.9 s; "Third performance pass")
+#: 6.8 vs 3.9 s; 8-32-32-8 network: 11.4 vs 9.9 M/s, 4.3 vs 2.9 s; docs/design/pieces.md)
 SPLIT_ABOVE_OPERATIONS = 5000
 PIECE_OPERATIONS = 1000
 #: a body compiled whole above this many operations assembles its entries in a separate
@@ -74,7 +74,7 @@ PROBE_UP_TO_OPERATIONS = 2000
 #: bodies above this many operations are vectorized by template (`vectorize=None`) when
 #: that leaves at least VECTORIZE_MIN_SHRINK times fewer operations: at 10^5 operations the
 #: first result fell from 42-52 s to ~7-10 s, at 10^4 from 7 s to 3.4 s at the same
-#: throughput; networks below it run faster scalar (docs/benchmarks.md, "Vectorized bodies":
+#: throughput; networks below it run faster scalar (docs/design/vectorized-bodies.md:
 #: the 4-16-16-4 Jacobian's 4,658 operations 4.1 vectorized vs 12.3 M samples/s whole)
 VECTORIZE_ABOVE_OPERATIONS = 5_000
 VECTORIZE_MIN_SHRINK = 20.0

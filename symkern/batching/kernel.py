@@ -37,7 +37,7 @@ PROBE_FROM = 64
 #: axis and moves it last (a transpose), wider leaves along the last axis: from materialized
 #: entries at 100k samples, 2 / 4 / 8 entries took 0.08 / 0.12 / 0.12 ms transposed and
 #: 0.29 / 0.24 / 0.37 ms stacked last, but 10 / 16 entries 2.6 / 4.8 ms transposed
-#: against 1.0 / 0.5 ms (docs/benchmarks.md)
+#: against 1.0 / 0.5 ms (docs/design/output-assembly.md)
 TRANSPOSED_ASSEMBLY_UP_TO = 8
 #: the probe times both at least PROBE_ROUNDS times, and more (up to PROBE_MAX_ROUNDS)
 #: until PROBE_SECONDS have passed: a sub-millisecond kernel's best of three flipped its
@@ -223,7 +223,7 @@ class Kernel:
         # Python's cyclic collector instead of being freed at once
         self._jitted = jax.jit(_weak_method(self, "_evaluate"))
         # Top-level calls run the entries and their assembly as two executables: stacking
-        # scalar entries inside the fused body measured 100x slower (docs/benchmarks.md).
+        # scalar entries inside the fused body measured 100x slower (docs/design/output-assembly.md).
         self._compute_jitted = jax.jit(_weak_method(self, "_compute"))
         self._assemble_jitted = jax.jit(_weak_method(self, "_assemble_entries"))
         # The same two for top-level calls, compiled with symkern's CPU options
@@ -233,7 +233,7 @@ class Kernel:
         self._assemble_top = kernel_jit(_weak_method(self, "_assemble_entries"))
         # The direct path: `kernel(*args)` handed to one jit as it came. Its checks run at
         # trace time, once per argument signature, so a repeated call costs what calling
-        # a jitted function costs (issue 8, benchmarks/dispatch.py). Only shapes the
+        # a jitted function costs (benchmarks/dispatch.py, docs/design/dispatch.md). Only shapes the
         # checked path has already run fused take it (`_direct_shapes`: first data
         # argument's shape); anything jit cannot take falls back to the checked path.
         self._direct = kernel_jit(_weak_method(self, "_evaluate_arguments"))
@@ -498,7 +498,7 @@ class Kernel:
         Traced and lowered in turn, then compiled in parallel threads (XLA's compile
         releases the GIL). With cores to spare the probe's forms cost about one compile's
         time; on a 2-core machine, where XLA compiles one program on both cores already,
-        the pendulum's three went 0.23 → 0.18 s (docs/benchmarks.md, fifth pass).
+        the pendulum's three went 0.23 → 0.18 s (docs/design/output-assembly.md).
         """
         if all(job[1] in self._seen for job in jobs):
             return
@@ -641,7 +641,7 @@ class Kernel:
         on a batch REPROBE_FACTOR times larger than the last one measured; keep the faster
         for every such batch (`kernel.assembly`; shapes already run keep their form).
 
-        Neither wins everywhere, and nothing static predicts which (docs/benchmarks.md):
+        Neither wins everywhere, and nothing static predicts which (docs/design/output-assembly.md):
         at batch 1,024 one executable ran a 3-6-6-3 network's output 5.6× slower (XLA
         copies shared producers into the stack's fusion) and a 72-entry mass matrix 1.4×
         faster. Costs one more compile and a few runs, once per kernel and per 16-fold

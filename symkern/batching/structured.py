@@ -37,7 +37,7 @@ from symkern.symbolic.structured import StructuredNetwork, plan_structured
 #: more, and at least TILE_OVER_OUTPUT times the values its outputs hold per sample, runs its
 #: batch TILE_CHUNK samples at a time (`lax.map`), so that each layer's arrays stay in cache
 #: between layers instead of going through memory. Measured in one process at batch 100k
-#: (benchmarks/experiments/fifth_pass.py, benchmarks/structured.py; docs/benchmarks.md):
+#: (benchmarks/experiments/structured_tiles.py, benchmarks/structured.py; docs/design/tiling.md):
 #: the 4-16-16-4 and 8-32-32-8 Jacobians (64 and 256 values per sample, outputs 16 and 64)
 #: ran 2.0-2.3x faster in chunks of 4,096 (1,024: 1.6-1.9x; 16,384: 1.4-3.0x); outputs of
 #: 16 and 32 values per layer 0.5-0.8x, and per-sample parameter gradients (whose largest

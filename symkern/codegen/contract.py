@@ -8,7 +8,7 @@ over the same per-sample values `h0, h1, …`, with parameter-only weights. Writ
 scalar code, XLA's CPU backend evaluates each sum in its own elementwise fusion, where a
 matrix product (`(n_out, n_in) @ (n_in, batch)`) runs on the CPU's GEMM kernel: on the
 8-32-32-8 network, hand-written `jnp` matrix products ran 1.4-1.6x faster than the scalar
-body (docs/benchmarks.md, "Fourth performance pass"). This rule finds such sums in the
+body (docs/design/linear-forms.md). This rule finds such sums in the
 rewritten body and evaluates each group of them with one `jnp.tensordot`:
 
 - a *linear form* is a per-sample sum (through the single-use statements the emitter cut
@@ -379,7 +379,7 @@ def _kept_as_blocks(chosen: list, forms: Sequence[_Form], statements: Sequence[a
     A group whose rows scalar code reads (a network Jacobian's `1 - h**2`) is left scalar:
     its rows would be written to memory and read back per entry, where the scalar body
     keeps them in registers (the 4-16-16-4 Jacobian ran 4.7 M samples/s contracted, 11
-    scalar; docs/benchmarks.md, "Fourth performance pass").
+    scalar; docs/design/linear-forms.md).
     """
     # reads as an input of a linear form, contracted or not: a small output layer's
     # scalar sums read each row of the block before it once

@@ -39,7 +39,7 @@ CSE_PREFIX = "_c"
 #: more operations than this, the size above which kernels compile in pieces or vectorized
 #: (batching.build.SPLIT_ABOVE_OPERATIONS): below it XLA fuses the expression as written
 #: better (double pendulum 24 -> 38 M samples/s; 4-16-16-4 network Jacobian compiled whole,
-#: docs/benchmarks.md)
+#: docs/design/cse-pairs.md)
 SHARE_PAIRS_ABOVE_OPERATIONS = 5000
 
 

@@ -424,7 +424,7 @@ def linearize(
       more than that many operations after CSE are searched: fewer operations is what
       a large body's compile needs, but on a small one XLA fuses the expression as
       written better than with the shared pairs (a double pendulum ran 1.6x faster
-      without them, docs/benchmarks.md).
+      without them, docs/design/cse-pairs.md).
     - Deterministic: names and order depend only on the expressions' structure and
       ``.args`` order, not on hash order.
     - Symbols drawn from ``symbols`` that occur in ``exprs`` are skipped.

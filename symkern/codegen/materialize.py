@@ -7,7 +7,7 @@ inputs are no larger than its output, whatever the producer costs. A kernel retu
 entries as separate arrays (ANCHORS.md: stacking them inside one fusion is far worse), so a
 `cos(q1)` read by 30 entries of a mass matrix is evaluated in each of their fusions:
 the 3-link pendulum on a cart ran 36 sines and cosines per sample for its 6
-(docs/benchmarks.md, "Third performance pass"). `lax.optimization_barrier` does not stop
+(docs/design/shared-values.md). `lax.optimization_barrier` does not stop
 it (XLA's CPU pipeline removes barriers before fusion); a conditional does: fusion never
 crosses into or out of a branch. So the costly shared values are computed in
 `lax.cond(p, f, f)` — both branches the same function, so the result does not depend on

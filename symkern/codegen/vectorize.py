@@ -1,8 +1,8 @@
 """codegen, stage 2 (huge bodies): statements that repeat one template evaluated as vectors.
 
 Imports ast, numpy, symkern.codegen.operations and symkern.codegen.rules. XLA's CPU
-compile costs about a millisecond per scalar operation (docs/benchmarks.md, "Expression
-scale"), so a 10^5-operation body takes half a minute to compile however it is cut. But
+compile costs about a millisecond per scalar operation (docs/design/pieces.md), so a
+10^5-operation body takes half a minute to compile however it is cut. But
 big expressions repeat themselves: `sum_i p_a(i) * sin(p_b(i) * x_j(i) + x_k(i)) * ...` is
 one template applied thousands of times to different inputs. This rule rewrites a
 rewritten kernel body into one gather and one elementwise expression per (level, template):

@@ -1,6 +1,6 @@
 """kernels, stage 3: constants — const args, closed-over arrays of user functions, the warning.
 
-Imports jax, numpy, symkern.codegen and symkern.errors. See docs/constants.md for the why.
+Imports jax, numpy, symkern.codegen and symkern.errors. See docs/design/constants.md for the why.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ XLA's CPU backend prefers 256-bit vectors, also on CPUs with AVX-512: 512-bit in
 lower the clock of many Intel cores. AMD's Zen 4 and later run them at full clock, and there
 `xla_cpu_prefer_vector_width=512` ran symkern's kernels 1.0-1.35x as fast (the 4-16-16-4
 Jacobian 1.14x, the 3-link pendulum on a cart 1.13x; `benchmarks/experiments/
-vector_width.py`, docs/benchmarks.md "Sixth performance pass"). So kernels running on the
+vector_width.py`, docs/design/vector-width.md). So kernels running on the
 CPU prefer 512-bit vectors where the host is an AMD CPU with AVX-512, unless
 `SYMKERN_CPU_VECTOR_WIDTH` says otherwise (`256`, `512`; empty or `0`: XLA's default).
 """

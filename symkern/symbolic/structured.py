@@ -449,7 +449,7 @@ class NetworkProgram:
       `v_1 = d_1[..., :, None] * W_1`, J = v_L, already (…, m, n); wider, as tangents
       `t_l = (t_{l-1} @ W_l.T) * d_l[..., None, :]` (…, n, w_l), `t_1 = W_1.T * d_1[..., None, :]`,
       J = swap(t_L): one GEMM per layer with the batch folded into its rows. Measured
-      (docs/benchmarks.md): at width 8 the first form runs 1.9× the second, at 16 they tie,
+      (docs/design/structured-networks.md): at width 8 the first form runs 1.9× the second, at 16 they tie,
       at 32 and 128 the second is 10–15 % ahead. The Hessian's `U_l` products use `t_l`;
     * input Jacobian, reverse (m < n, e.g. ∇H of a scalar H): adjoints
       `a_{L-1} = d_L[..., :, None] * W_L`, `a_{l-1} = (a_l * d_l[..., None, :]) @ W_l`, J = a_0;
