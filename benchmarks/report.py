@@ -1,10 +1,12 @@
 """Render benchmark results (compare.py JSON) as markdown tables and PNG plots.
 
 Usage: python benchmarks/report.py [RESULTS.json] [--doc docs/benchmarks.md] [--img docs/img]
+                                  [--readme README.md]
 
 The tables replace the text between ``<!-- results:begin -->`` and ``<!-- results:end -->``
-in the doc (created if missing), so the hand-written sections around it survive
-a re-render. The headline is a ratio: symkern's throughput over the best other tool's
+in the doc (created if missing), and the speed summary the text between
+``<!-- speed:begin -->`` and ``<!-- speed:end -->`` in README.md, so the hand-written
+sections around them survive a re-render. The headline is a ratio: symkern's throughput over the best other tool's
 ("anchor") on the same workload, the same machine, the same run.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+SPEED_BEGIN, SPEED_END = "<!-- speed:begin -->", "<!-- speed:end -->"
 TOOLS = ["symkern", "symkern-nn", "lambdify-numpy", "lambdify-jax", "symengine", "sympy2jax",
          "jax-hand"]
 #: symkern's own rows: never an anchor
@@ -149,6 +152,45 @@ def tables(data: dict) -> str:
     return "\n".join(lines)
 
 
+def speed_summary(data: dict) -> str:
+    """README's speed summary: symkern's throughput over the best anchor's, per workload.
+
+    Every figure in it is read or computed from the results file alone (tests/test_docs.py
+    renders it again and compares).
+    """
+    cfg, machine = data["config"], data["machine"]
+    rows, met = [], 0
+    for name, entry in data["workloads"].items():
+        sk = entry["tools"].get("symkern")
+        tool, rate = best_anchor(entry)
+        if not (_ok(sk) and rate):
+            continue
+        ratio = sk["throughput"] / rate
+        met += round(ratio, 2) >= 1.0
+        rows.append(f"| {name} | {_fmt_rate(sk['throughput'])} | {tool} {_fmt_rate(rate)} | "
+                    f"{ratio:.2f}× |")
+    lines = [
+        f"Samples per second at batch {cfg['batch']:,} on {machine['cpus']} CPU cores "
+        f"(`make bench`, {data.get('started', '?')[:10]}; JAX tools in float32, NumPy and "
+        "symengine in float64). The best anchor is the fastest of lambdify (NumPy, JAX), "
+        "symengine, sympy2jax and hand-written JAX; each workload's tools are timed in turn "
+        "in one process.",
+        "",
+        "| workload | symkern | best anchor | symkern / best |",
+        "|---|---:|---:|---:|",
+        *rows,
+        "",
+        f"symkern is at or above the best anchor on {met} of {len(rows)} workloads "
+        "(`docs/benchmarks.md` has every table and the misses).",
+    ]
+    return "\n".join(lines)
+
+
+def replace_block(text: str, begin: str, end: str, body: str) -> str:
+    """`text` with what lies between the markers `begin` and `end` replaced by `body`."""
+    return text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):]
+
+
 def plots(data: dict, img: Path) -> list[Path]:
     """Throughput per workload (bars, log scale) and build time against expression size."""
     import matplotlib
@@ -198,7 +240,7 @@ def plots(data: dict, img: Path) -> list[Path]:
     return [first, second]
 
 
-def render(results: Path, doc: Path, img: Path) -> None:
+def render(results: Path, doc: Path, img: Path, readme: Path | None = None) -> None:
     data: dict[str, Any] = json.loads(results.read_text())
     body = tables(data)
     try:
@@ -217,6 +259,10 @@ def render(results: Path, doc: Path, img: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
     print(f"wrote {doc}")
+    if readme is not None and readme.exists() and SPEED_BEGIN in readme.read_text():
+        readme.write_text(replace_block(readme.read_text(), SPEED_BEGIN, SPEED_END,
+                                        speed_summary(data)))
+        print(f"wrote {readme}")
 
 
 def main() -> None:
@@ -225,8 +271,9 @@ def main() -> None:
                         default=ROOT / "benchmarks" / "results" / "full.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args()
-    render(args.results, args.doc, args.img)
+    render(args.results, args.doc, args.img, args.readme)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The scale runs happen in a fresh process (`_memory_probe.py`), so this test process is
 neither polluted nor measured. RSS is VmRSS from /proc/self/status after `gc.collect()`.
-Figures measured on the 2-core development machine are in docs/_reliability_figures.md.
+Figures measured on the 2-core development machine are in docs/reliability.md.
 
 Bounds: growth after the warm-up is below `GROWTH_BOUND_MB` (SymPy's LRU caches hold at most
 SYMPY_CACHE_SIZE=1000 entries per function, so they fill during the warm-up and then stay
