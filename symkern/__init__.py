@@ -6,6 +6,7 @@ from symkern.batching.kernel import BoundKernel, Kernel
 from symkern.errors import (
     ArgumentError,
     BuildError,
+    CacheWarning,
     CapturedConstantsWarning,
     CodegenDriftError,
     ConstArgsError,
@@ -47,6 +48,7 @@ __all__ = [
     "ArgumentError",
     "BoundKernel",
     "BuildError",
+    "CacheWarning",
     "CapturedConstantsWarning",
     "ConstArg",
     "CodegenDriftError",

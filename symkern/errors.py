@@ -40,3 +40,8 @@ class CodegenDriftError(SymkernError, RuntimeError):
 
 class CapturedConstantsWarning(UserWarning):
     """A kernel holds more constant bytes than SYMKERN_CAPTURED_CONSTANTS_WARN_BYTES."""
+
+
+class CacheWarning(UserWarning):
+    """The on-disk cache was not used: its directory is refused, or an entry was unusable
+    and is rebuilt (see `symkern.enable_cache`)."""

@@ -42,17 +42,6 @@ def test_a_second_process_loads_the_generated_code_from_the_cache(tmp_path):
     assert any((tmp_path / "xla").iterdir())
 
 
-def test_a_corrupted_cache_entry_is_refused(tmp_path):
-    run(tmp_path)
-    (meta,) = list((tmp_path / "codegen").glob("*/*/meta.json"))
-    entry = json.loads(meta.read_text())
-    entry["source"] = "import os\n" + entry["source"]
-    meta.write_text(json.dumps(entry))
-    with pytest.raises(subprocess.CalledProcessError) as failure:
-        run(tmp_path)
-    assert "codegen cache: expected one kernel function definition" in failure.value.stderr
-
-
 # ---- compiled pieces of split kernels --------------------------------------------------------
 
 SPLIT_SCRIPT = textwrap.dedent("""
