@@ -66,7 +66,7 @@ def scan_reduce(kind: str, term: Callable[..., Any], tables: Sequence[Any], axis
 
     One loop iteration per instance, UNROLL of them a step: each gathers one `(members,
     chunk)` block and adds it to the accumulator. XLA's fused gather-and-reduce over a wide
-    axis ran 5-25x slower (docs/design/vectorized-bodies.md).
+    axis ran 5-25x slower (docs/design/vectorize.md).
     """
     moved = [jnp.moveaxis(table, axis, 0) for table in tables]
     present = None if mask is None else jnp.moveaxis(mask, axis, 0)
@@ -78,7 +78,7 @@ def scan_reduce(kind: str, term: Callable[..., Any], tables: Sequence[Any], axis
         return out if present is None else _masked(out, present[k], identity)
 
     first = value(0)
-    # four instances a step: 1.5-2x faster than one on this body (docs/design/vectorized-bodies.md)
+    # four instances a step: 1.5-2x faster than one on this body (docs/design/vectorize.md)
     return lax.fori_loop(1, moved[0].shape[0], lambda k, acc: combine(acc, value(k)), first,
                          unroll=UNROLL)
 
