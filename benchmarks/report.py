@@ -6,8 +6,8 @@ Usage: python benchmarks/report.py [RESULTS.json] [--doc docs/benchmarks.md] [--
 The tables replace the text between ``<!-- results:begin -->`` and ``<!-- results:end -->``
 in the doc (created if missing), and the speed summary the text between
 ``<!-- speed:begin -->`` and ``<!-- speed:end -->`` in README.md, so the hand-written
-sections around them survive a re-render. The headline is a ratio: symkern's throughput over the best other tool's
-("anchor") on the same workload, the same machine, the same run.
+sections around them survive a re-render. The headline is a ratio: symkern's throughput
+over the best other tool's ("anchor") on the same workload, the same machine, the same run.
 """
 
 from __future__ import annotations
