@@ -160,3 +160,15 @@ def test_docs_cited_by_the_code_and_the_docs_exist() -> None:
     missing = sorted(c for c in cited if not c.startswith(("docs/_", "docs/internals/"))
                      and not (ROOT / c).exists())
     assert not missing, missing
+
+
+def test_command_line_help_names_only_the_commands_it_has(capsys: pytest.CaptureFixture) -> None:
+    import symkern.cli
+
+    with pytest.raises(SystemExit):
+        symkern.cli.main(["--help"])
+    text = capsys.readouterr().out
+    commands = set(re.search(r"\{([\w,]+)\}", text).group(1).split(","))
+    promised = set(re.search(r"python -m symkern ([\w |]+)`", symkern.cli.__doc__).group(1)
+                   .replace(" ", "").split("|"))
+    assert promised == commands == {"demo", "inspect", "doctor"}
