@@ -172,3 +172,11 @@ def test_command_line_help_names_only_the_commands_it_has(capsys: pytest.Capture
     promised = set(re.search(r"python -m symkern ([\w |]+)`", symkern.cli.__doc__).group(1)
                    .replace(" ", "").split("|"))
     assert promised == commands == {"demo", "inspect", "doctor"}
+
+
+def test_the_guide_names_every_public_name() -> None:
+    import symkern
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    missing = [name for name in symkern.__all__ if not re.search(rf"\b{name}\b", guide)]
+    assert not missing, missing
