@@ -6,13 +6,14 @@ Imports jax, numpy, symkern.kernels, symkern.codegen, symkern.symbolic and symke
 from __future__ import annotations
 
 import math
-import numbers
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -24,8 +25,9 @@ from symkern.codegen.pipeline import GeneratedCode
 from symkern.codegen.stopwatch import CALL_STAGES, Stopwatch
 from symkern.errors import ArgumentError, DtypeMismatchError
 from symkern.kernels.constants import ConstArg
-from symkern.kernels.export import export_function
+from symkern.kernels.export import example_arguments, export_function, save_file
 from symkern.kernels.options import kernel_jit
+from symkern.kernels.values import as_real_array
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 #: batches up to this many samples run as one executable (entries stacked inside it)
@@ -120,7 +122,9 @@ def _jit_takes(args: tuple) -> bool:
     """Whether jit takes every leaf of `args` as it is (else the checked arrays are used)."""
     for leaf in jax.tree_util.tree_leaves(args):
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-            if leaf.dtype.kind not in "bf":  # integer arrays are cast on the host
+            # integer arrays are cast on the host, and floats wider than 64 bits (longdouble),
+            # which jit does not take
+            if leaf.dtype.kind not in "bf" or leaf.dtype.itemsize > 8:
                 return False
         elif type(leaf) is int:
             if not -2**31 <= leaf < 2**31:
@@ -166,11 +170,6 @@ def check_dtype_policy(dtype: np.dtype) -> None:
             "jax.config.update('jax_enable_x64', True); with x64 disabled JAX would "
             "silently compute in float32"
         )
-
-
-def _real_dtype(dtype: np.dtype) -> bool:
-    """Bool, integers and floats of any width, ml_dtypes' (bfloat16, float8) among them."""
-    return dtype.kind in "biuf" or jnp.issubdtype(dtype, jnp.floating)
 
 
 def _subscriptable(treedef: Any) -> bool:
@@ -400,26 +399,7 @@ class Kernel:
         return args[:n_data], (args[n_data] if self.signature.has_parameters else None)
 
     def _as_array(self, value: Any, label: str) -> Any:
-        if isinstance(value, jax.Array):  # device arrays and tracers
-            if not _real_dtype(value.dtype):
-                raise ArgumentError(f"{label}: expected real numbers, got dtype "
-                                    f"{value.dtype.name}")
-            return value if value.dtype == self.dtype else value.astype(self.dtype)
-        if isinstance(value, (list, tuple)) and any(
-                isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
-            # nested lists traced by the direct path (jit takes a list as a tree)
-            return self._as_array(jnp.asarray(value), label)
-        try:
-            array = np.asarray(value)
-            if array.dtype.kind == "O" and all(isinstance(v, numbers.Real) for v in array.flat):
-                array = array.astype(np.float64)  # SymPy numbers (Float, Rational, Integer)
-        except (TypeError, ValueError) as error:
-            raise ArgumentError(f"{label}: expected an array of numbers, got "
-                                f"{type(value).__name__}") from error
-        if not _real_dtype(array.dtype):
-            raise ArgumentError(f"{label}: expected real numbers, got dtype {array.dtype.name}")
-        # cast on the host: jit takes numpy arguments without a separate device conversion
-        return array if array.dtype == self.dtype else array.astype(self.dtype)
+        return as_real_array(value, label, self.dtype)
 
     def check_data(self, data: Sequence[Any]) -> tuple[Any, ...]:
         arrays = [self._as_array(value, spec.label)
@@ -749,6 +729,22 @@ class Kernel:
         return export_function(run, const_values, descriptions, data,
                                [len(s.shape) for s in self.signature.data], ps, self.dtype,
                                [s.label for s in self.signature.parameters])
+
+    def save(self, path: str | os.PathLike, *args: Any) -> Path:
+        """Write the kernel and its const args to one file, for `symkern.load(path)`.
+
+        `args` are example arguments as for `export` (their batch shape's rank is kept);
+        without them the file takes one batch dimension. The file is a numpy .npz archive
+        (the exported program, the const args, a manifest with a digest over them), read
+        back without pickle.
+        """
+        if not args:
+            signature = self.signature
+            args = example_arguments(
+                [spec.shape for spec in signature.data],
+                signature.parameter_treedef if signature.has_parameters else None,
+                [spec.shape for spec in signature.parameters], self.dtype)
+        return save_file(path, self.export(*args), self.const_args)
 
     def shard(self, mesh: Any = None) -> Any:
         """This kernel with its batch split over all local devices (docs/scaling.md)."""

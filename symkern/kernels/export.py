@@ -1,13 +1,19 @@
-"""kernels: export a kernel without its constants, and load it back with them supplied.
+"""kernels: export a kernel without its constants, and load it back with them supplied;
+save it with them in one file, and load that.
 
-Imports jax, numpy, json and symkern.errors. The blob is a JSON header and jax.export's
-serialized module; nothing in it is ever evaluated as Python.
+Imports jax, numpy, json, hashlib, symkern.kernels.values and symkern.errors. The blob is a
+JSON header and jax.export's serialized module, bound together by a digest; the file is a
+numpy .npz archive read without pickle. Nothing in either is ever evaluated as Python.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -15,9 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from symkern.errors import ArgumentError, ConstArgsError, DtypeMismatchError
+from symkern.kernels.values import as_real_array
 
 MAGIC = b"SYMKERN-EXPORT\n"
-FORMAT = 1
+#: 2: the header holds a digest over itself and the program
+FORMAT = 2
+#: the one-file form (`kernel.save`): an .npz archive of the blob, the const args, a manifest
+SAVED_FORMAT = 1
+SAVED_KIND = "symkern kernel"
+#: the dtypes a header may name (kernels compute in float32 or float64; const args may be
+#: index tables)
+_DTYPES = frozenset({"float32", "float64", "int32", "int64", "uint8", "bool"})
 
 
 def _spec(array: Any) -> dict[str, Any]:
@@ -60,9 +74,17 @@ def export_function(
                   "dtype": np.dtype(d.dtype).name} for d in data],
         "params": list(parameter_labels),
     }
+    program = bytes(exported.serialize(vjp_order=1))
+    header["sha256"] = _blob_digest(header, program)
     encoded = json.dumps(header, sort_keys=True).encode()
-    return (MAGIC + len(encoded).to_bytes(8, "little") + encoded
-            + bytes(exported.serialize(vjp_order=1)))
+    return MAGIC + len(encoded).to_bytes(8, "little") + encoded + program
+
+
+def _blob_digest(header: dict[str, Any], program: bytes) -> str:
+    fields = {name: value for name, value in header.items() if name != "sha256"}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode() + b"\0")
+    digest.update(program)
+    return digest.hexdigest()
 
 
 class LoadedKernel:
@@ -89,7 +111,8 @@ class LoadedKernel:
         if len(args) not in (count, count + 1):
             raise ArgumentError(f"loaded kernel: expected {count} data argument(s) and ps, "
                                 f"got {len(args)} argument(s)")
-        data = tuple(jnp.asarray(a, self.dtype) for a in args[:count])
+        data = tuple(jnp.asarray(as_real_array(a, f"x{k + 1}", self.dtype))
+                     for k, a in enumerate(args[:count]))
         for k, (array, spec) in enumerate(zip(data, self.header["data"], strict=True)):
             expected = spec["shape"]
             if len(array.shape) != len(expected) or any(
@@ -120,7 +143,7 @@ class LoadedKernel:
         labels = self.header.get("params") or [f"ps leaf {k}" for k in range(len(leaves))]
         arrays = []
         for label, leaf, shape in zip(labels, leaves, self._ps_shapes, strict=True):
-            array = jnp.asarray(leaf, self.dtype)
+            array = jnp.asarray(as_real_array(leaf, label, self.dtype))
             if array.shape != shape:
                 if len(shape) == 1 and array.shape == (shape[0], 1):
                     array = array.reshape(shape)  # an m x 1 leaf given as a column
@@ -143,20 +166,93 @@ def _check_x64(header: dict[str, Any]) -> None:
         )
 
 
-def load(blob: bytes, const_args: Sequence[Any] | None = None) -> LoadedKernel:
-    """Load an exported kernel; `const_args` must be the ones it was exported with.
+def _refuse(what: str) -> ArgumentError:
+    return ArgumentError(f"blob: expected bytes from kernel.export(...); {what}")
 
-    Pass `kernel.const_args` (or arrays of the same shapes and dtypes, in order).
-    """
-    if not isinstance(blob, (bytes, bytearray)) or not bytes(blob).startswith(MAGIC):
-        raise ArgumentError("blob: expected bytes from kernel.export(...)")
-    blob = bytes(blob)
+
+def _checked_header(header: Any) -> dict[str, Any]:
+    """The header's fields, each of the kind export_function writes, or an ArgumentError."""
+    def shape(value: Any, batch: bool = False) -> bool:
+        return isinstance(value, list) and all(
+            (type(n) is int and n >= 0) or (batch and n is None) for n in value)
+
+    def entries(value: Any, fields: dict[str, Callable[[Any], bool]]) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(item, dict) and all(check(item.get(name)) for name, check in fields.items())
+            for item in value)
+
+    text, dtype = (lambda v: isinstance(v, str)), (lambda v: v in _DTYPES)
+    checks = {
+        "dtype": lambda v: v in ("float32", "float64"),
+        "x64": lambda v: isinstance(v, bool),
+        "const_args": lambda v: entries(v, {"name": text, "origin": text, "shape": shape,
+                                            "dtype": dtype}),
+        "data": lambda v: entries(v, {"shape": lambda s: shape(s, batch=True), "dtype": dtype}),
+        "params": lambda v: isinstance(v, list) and all(map(text, v)),
+    }
+    for name, check in checks.items():
+        if not check(header.get(name)):
+            raise _refuse(f"its header's {name!r} field is malformed")
+    return header
+
+
+def _parse_blob(blob: bytes) -> tuple[dict[str, Any], bytes]:
     start = len(MAGIC)
+    if len(blob) < start + 8:
+        raise _refuse(f"got {len(blob)} bytes, too few for a header")
     length = int.from_bytes(blob[start:start + 8], "little")
-    header = json.loads(blob[start + 8:start + 8 + length])
+    if length > len(blob) - start - 8:
+        raise _refuse("it is truncated (its header runs past its end)")
+    try:
+        header = json.loads(blob[start + 8:start + 8 + length])
+    except ValueError:
+        raise _refuse("its header is not JSON (the blob is damaged)") from None
+    if not isinstance(header, dict):
+        raise _refuse("its header is not a JSON object (the blob is damaged)")
     if header.get("format") != FORMAT:
-        raise ArgumentError(f"blob: unsupported export format {header.get('format')!r}")
+        raise ArgumentError(f"blob: unsupported export format {header.get('format')!r} "
+                            f"(this symkern reads format {FORMAT}); export the kernel again")
+    program = blob[start + 8 + length:]
+    if header.get("sha256") != _blob_digest(header, program):
+        raise _refuse("its digest does not match its content (the blob is damaged or altered)")
+    return _checked_header(header), program
+
+
+def _deserialized(program: bytes, header: dict[str, Any]) -> Any:
+    try:
+        exported = jax.export.deserialize(bytearray(program))
+        parts = exported.in_tree.children()[0].children()
+        counts = [len(parts[0].children()), len(parts[1].children()), parts[2].num_leaves]
+    except Exception as error:  # noqa: BLE001 - whatever the deserializer raises on bad bytes
+        raise _refuse(f"its program cannot be read ({type(error).__name__})") from None
+    if counts != [len(header["const_args"]), len(header["data"]), len(header["params"])]:
+        raise _refuse("its program's arguments do not match its header")
+    return exported
+
+
+def load(source: bytes | str | os.PathLike, const_args: Sequence[Any] | None = None
+         ) -> LoadedKernel:
+    """Load a kernel: the bytes of `kernel.export(...)` with its `const_args`, or the path
+    of a file `kernel.save(path)` wrote, which holds its const args itself.
+
+    For a blob, pass `kernel.const_args` (or arrays of the same shapes and dtypes, in
+    order). A damaged or altered blob or file is an ArgumentError, never a wrong kernel.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        if const_args is not None:
+            raise ConstArgsError("const_args: a kernel saved with kernel.save holds its const "
+                                 "args; pass only the path")
+        return _load_saved(Path(source))
+    if not isinstance(source, (bytes, bytearray)) or not bytes(source).startswith(MAGIC):
+        raise ArgumentError("blob: expected bytes from kernel.export(...) or the path of a "
+                            "file from kernel.save(path)")
+    header, program = _parse_blob(bytes(source))
     _check_x64(header)
+    values = _checked_const_args(header, const_args)
+    return LoadedKernel(header, _deserialized(program, header), values)
+
+
+def _checked_const_args(header: dict[str, Any], const_args: Sequence[Any] | None) -> tuple:
     expected = header["const_args"]
     described = ", ".join(f"{c['name']}: {c['dtype']}{c['shape']} ({c['origin']})" for c in expected)
     supplied = tuple(const_args or ())
@@ -175,5 +271,85 @@ def load(blob: bytes, const_args: Sequence[Any] | None = None) -> LoadedKernel:
                 f"{description['shape']}, got {dtype}{shape}"
             )
         values.append(jax.device_put(array))
-    exported = jax.export.deserialize(bytearray(blob[start + 8 + length:]))
-    return LoadedKernel(header, exported, tuple(values))
+    return tuple(values)
+
+
+# ---- one file: the blob and its const args -------------------------------------------------
+
+def _saved_digest(program: bytes, arrays: Sequence[np.ndarray]) -> str:
+    digest = hashlib.sha256(b"symkern saved kernel\0")
+    digest.update(hashlib.sha256(program).digest())
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(json.dumps([array.dtype.str, list(array.shape)]).encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def example_arguments(data_shapes: Sequence[tuple[int, ...]], parameter_treedef: Any,
+                      parameter_shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> tuple:
+    """Zeros for each data argument with one batch dimension, then the parameter tree
+    (when `parameter_treedef` is not None): what `kernel.save(path)` exports with."""
+    data = tuple(np.zeros((1, *shape), dtype) for shape in data_shapes)
+    if parameter_treedef is None:
+        return data
+    leaves = [np.zeros(shape, dtype) for shape in parameter_shapes]
+    return (*data, jax.tree_util.tree_unflatten(parameter_treedef, leaves))
+
+
+def save_file(path: str | os.PathLike, blob: bytes, const_args: Sequence[Any]) -> Path:
+    """Write `blob` (from `export_function`) and its const args to one .npz file at `path`.
+
+    The archive holds `program` (the blob's bytes), `const_0`, `const_1`, ... (the arrays)
+    and `manifest` (JSON: kind, format, const-arg count and a digest over all of them);
+    `np.load(path, allow_pickle=False)` reads every part.
+    """
+    arrays = [np.asarray(getattr(c, "value", c)) for c in const_args]
+    program = bytes(blob)
+    manifest = {"kind": SAVED_KIND, "format": SAVED_FORMAT, "const_args": len(arrays),
+                "sha256": _saved_digest(program, arrays)}
+    parts = {"manifest": np.frombuffer(json.dumps(manifest).encode(), np.uint8),
+             "program": np.frombuffer(program, np.uint8)}
+    parts.update({f"const_{k}": array for k, array in enumerate(arrays)})
+    path = Path(path)
+    with open(path, "wb") as handle:
+        np.savez(handle, **parts)
+    return path
+
+
+def _load_saved(path: Path) -> LoadedKernel:
+    def refuse(what: str) -> ArgumentError:
+        return ArgumentError(f"path: {str(path)!r} is not a kernel saved by kernel.save(path): "
+                             f"{what}")
+
+    try:
+        with open(path, "rb") as handle:
+            content = handle.read()
+    except OSError as error:
+        raise ArgumentError(f"path: {str(path)!r} cannot be read "
+                            f"({error.strerror or error})") from None
+    try:
+        with np.load(io.BytesIO(content), allow_pickle=False) as stored:
+            names = set(stored.files)
+            manifest = json.loads(stored["manifest"].tobytes()) if "manifest" in names else None
+            if not isinstance(manifest, dict) or manifest.get("kind") != SAVED_KIND:
+                raise refuse("it has no symkern manifest")
+            if manifest.get("format") != SAVED_FORMAT:
+                raise refuse(f"unsupported format {manifest.get('format')!r}; save it again")
+            count = manifest.get("const_args")
+            expected = {"manifest", "program"} | {f"const_{k}" for k in range(count)} \
+                if type(count) is int and 0 <= count <= len(names) else None
+            if names != expected:
+                raise refuse("its parts are not a program, a manifest and const args")
+            program = stored["program"]
+            if program.dtype != np.uint8 or program.ndim != 1:
+                raise refuse("its program is not bytes")
+            program = program.tobytes()
+            arrays = [stored[f"const_{k}"] for k in range(count)]
+    except ArgumentError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever numpy and zipfile raise on bad bytes
+        raise refuse(f"it is damaged ({type(error).__name__}: {str(error)[:120]})") from None
+    if manifest.get("sha256") != _saved_digest(program, arrays):
+        raise refuse("its digest does not match its content (the file is damaged or altered)")
+    return load(program, arrays)

@@ -486,3 +486,64 @@ def test_builderror_split(option, pattern):
         snn = SymbolicNetwork(Chain(Dense(2, 40, "tanh"), Dense(40, 1)))
         call = lambda: sk.build_nn_function(snn.output, snn, **option)  # noqa: E731
     _check("builderror-split", sk.BuildError, pattern, call)
+
+
+# ---- loading damaged artifacts, refused cache directories ---------------------------------
+
+def test_argumenterror_saved(tmp_path):
+    path = tmp_path / "kernel.npz"
+    sk.build_function(x0 * a, [x0], params={"a": a}).save(path)
+    path.write_bytes(path.read_bytes()[:-40])
+    _check("argumenterror-saved", sk.ArgumentError,
+           r"path: '.*kernel.npz' is not a kernel saved by kernel.save\(path\): it is damaged",
+           lambda: sk.load(path))
+    _check("argumenterror-saved", sk.ArgumentError,
+           r"path: '.*missing.npz' cannot be read \(No such file or directory\)",
+           lambda: sk.load(tmp_path / "missing.npz"))
+
+
+def test_argumenterror_export_damaged():
+    blob = sk.build_function(x0 * a, [x0], params={"a": a}).export(np.zeros((3, 1)), {"a": 1.0})
+    _check("argumenterror-export", sk.ArgumentError,
+           re.escape("its digest does not match its content (the blob is damaged or altered)"),
+           lambda: sk.load(blob[:-1] + bytes([blob[-1] ^ 1])))
+
+
+def test_constargserror_saved(tmp_path, table_kernel):
+    path = table_kernel.save(tmp_path / "kernel.npz")
+    _check("constargserror-saved", sk.ConstArgsError,
+           "a kernel saved with kernel.save holds its const args; pass only the path",
+           lambda: sk.load(path, table_kernel.const_args))
+
+
+def _cache_warning(call) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    (warning,) = [w for w in caught if issubclass(w.category, sk.CacheWarning)]
+    return str(warning.message)
+
+
+def test_cachewarning_directory(tmp_path):
+    assert "cachewarning-directory" in anchors()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    message = _cache_warning(lambda: sk.enable_cache(shared))
+    assert message.startswith("enable_cache: the cache directory is refused: ")
+    assert "is writable by its group or by others (mode 777)" in message
+
+
+def test_cachewarning_entry(tmp_path):
+    assert "cachewarning-entry" in anchors()
+    assert sk.enable_cache(tmp_path / "cache") is not None
+    try:
+        sk.build_function(sp.cos(x0) * a, [x0], params={"a": a})
+        (meta,) = (tmp_path / "cache").glob("codegen/*/*/meta.json")
+        meta.write_text("{}")
+        message = _cache_warning(lambda: sk.build_function(sp.cos(x0) * a, [x0],
+                                                           params={"a": a}))
+    finally:
+        sk.disable_cache()
+    assert message.startswith("codegen cache: the entry in ") and "is not used" in message
+    assert message.endswith("the kernel is generated again and the entry rewritten")

@@ -1,0 +1,87 @@
+"""kernels: a caller's argument values as real arrays of a kernel's dtype, checked the same
+way for built, bound and loaded kernels. Imports jax, numpy, sympy and symkern.errors.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy as sp
+
+from symkern.errors import ArgumentError
+
+
+def real_dtype(dtype: np.dtype) -> bool:
+    """Bool, integers and floats of any width, ml_dtypes' (bfloat16, float8) among them."""
+    return dtype.kind in "biuf" or jnp.issubdtype(dtype, jnp.floating)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{type(value).__name__} of {len(text)} characters"
+
+
+def _real_number(value: Any, label: str) -> float:
+    """One element of an object array as a float: Python and numpy numbers, SymPy numbers
+    (Float, Rational, pi, E, sqrt(2)); an integer beyond float64, a complex number, an
+    expression with symbols or anything else is an ArgumentError naming it."""
+    if isinstance(value, sp.Basic):
+        if not value.is_number:
+            raise ArgumentError(f"{label}: expected numbers, got the SymPy expression "
+                                f"{_shown(value)}, which has free symbols")
+        if value.is_Integer:
+            value = int(value)
+        else:
+            try:
+                number = complex(value)
+            except (TypeError, ValueError, OverflowError):
+                raise ArgumentError(f"{label}: expected real numbers, got {_shown(value)}, "
+                                    "which has no float64 value") from None
+            if number.imag != 0:
+                raise ArgumentError(f"{label}: expected real numbers, got {_shown(value)}")
+            return number.real
+    if not isinstance(value, numbers.Real):
+        kind = "a complex number" if isinstance(value, numbers.Complex) else type(value).__name__
+        raise ArgumentError(f"{label}: expected an array of real numbers, got {kind} "
+                            f"{_shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ArgumentError(f"{label}: expected numbers within float64's range, got an "
+                            f"integer of {int(value).bit_length()} bits") from None
+
+
+def as_real_array(value: Any, label: str, dtype: np.dtype) -> Any:
+    """`value` as an array of `dtype`, or an ArgumentError that names `label`.
+
+    Device arrays and tracers keep their kind (cast by JAX); everything else becomes a
+    numpy array cast on the host (jit takes numpy arguments without a separate device
+    conversion). Bool, integers and floats of any width are accepted, longdouble too
+    (cast down to `dtype`); strings, None, objects, ragged lists and complex numbers are
+    refused: `"2"` is not 2.0.
+    """
+    if isinstance(value, jax.Array):  # device arrays and tracers
+        if not real_dtype(value.dtype):
+            raise ArgumentError(f"{label}: expected real numbers, got dtype {value.dtype.name}")
+        return value if value.dtype == dtype else value.astype(dtype)
+    if isinstance(value, (list, tuple)) and any(
+            isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
+        # nested lists traced by a kernel's direct path (jit takes a list as a tree)
+        return as_real_array(jnp.asarray(value), label, dtype)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as error:
+        ragged = "a ragged " if isinstance(value, (list, tuple)) else ""
+        raise ArgumentError(f"{label}: expected an array of numbers, got {ragged}"
+                            f"{type(value).__name__}") from error
+    if array.dtype.kind == "O":
+        # SymPy numbers, Python ints beyond int64, None and other objects
+        array = np.array([_real_number(v, label) for v in array.flat],
+                         np.float64).reshape(array.shape)
+    if not real_dtype(array.dtype):
+        raise ArgumentError(f"{label}: expected real numbers, got dtype {array.dtype.name}")
+    return array if array.dtype == dtype else array.astype(dtype)
