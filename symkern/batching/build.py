@@ -74,7 +74,7 @@ PROBE_UP_TO_OPERATIONS = 2000
 #: bodies above this many operations are vectorized by template (`vectorize=None`) when
 #: that leaves at least VECTORIZE_MIN_SHRINK times fewer operations: at 10^5 operations the
 #: first result fell from 42-52 s to ~7-10 s, at 10^4 from 7 s to 3.4 s at the same
-#: throughput; networks below it run faster scalar (docs/design/vectorized-bodies.md:
+#: throughput; networks below it run faster scalar (docs/design/vectorize.md:
 #: the 4-16-16-4 Jacobian's 4,658 operations 4.1 vectorized vs 12.3 M samples/s whole)
 VECTORIZE_ABOVE_OPERATIONS = 5_000
 VECTORIZE_MIN_SHRINK = 20.0

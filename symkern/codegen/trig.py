@@ -6,7 +6,7 @@ XLA computes float32 sin and cos on the CPU by calling the C library once per el
 ~4-5 ns an element at 10^7 elements, where exp and tanh (polynomials XLA vectorizes) cost
 ~0.5 ns over a multiply-add, and a call in a loop keeps the rest of the loop's arithmetic
 from being vectorized too (`benchmarks/experiments/fast_trig.py`,
-docs/design/vectorized-trig.md). Here each call site of a large float32 batch computes
+docs/design/trig.md). Here each call site of a large float32 batch computes
 
     lax.cond(max |x| <= FAST_UP_TO, polynomial, jnp.sin / jnp.cos, x)
 
@@ -19,7 +19,7 @@ docs/design/vectorized-trig.md). Here each call site of a large float32 batch co
   its range (a NaN argument gives NaN either way, and XLA's CPU max may skip it);
 - **its own fusion**: the conditional makes each call one small vectorized loop, and the rest of
   the body a loop without library calls. Measured at 100,000 samples: the double pendulum
-  4.1x, the 3-link pendulum on a cart 1.7x (docs/design/vectorized-trig.md).
+  4.1x, the 3-link pendulum on a cart 1.7x (docs/design/trig.md).
 
 Only where it pays and costs little to compile: a kernel's code with at most
 VECTORIZED_UP_TO_CALLS sin/cos calls (each call compiles two branches: a generated
