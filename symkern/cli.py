@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+#: the largest batch `inspect` shows stages 3 and 4 for (its arrays are allocated)
+MAX_INSPECT_BATCH = 1 << 20
 INSPECT_EXAMPLE = "python -m symkern inspect 'sin(x0) * a + x1**2' --data x0,x1 --params a"
 
 
@@ -133,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.command == "inspect":
         from symkern.errors import SymkernError
 
-        if arguments.batch < 1:
-            parser.error("--batch: expected a positive number of samples")
+        if not 1 <= arguments.batch <= MAX_INSPECT_BATCH:
+            parser.error(f"--batch: expected a number of samples from 1 to "
+                         f"{MAX_INSPECT_BATCH:,}, got {arguments.batch}")
         try:
             return inspect_kernel(arguments.expr, arguments.data, arguments.params,
                                   cse=arguments.cse, batch=arguments.batch)

@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import sympy as sp
@@ -55,7 +56,6 @@ def test_each_data_option_is_one_argument_and_a_single_name_is_a_scalar(capsys):
     ("x0 if x1 else 0", "use Piecewise"),
     ("[x0, x1]", "not allowed: List"),
     ("(x0, x1)", "a tuple outside a function's arguments"),
-    ("9**9**9", "a numeric power"),
     ("getattr(x0, 'real')", "unknown function 'getattr'"),
     ("eval('1')", "unknown function 'eval'"),
     ("__builtins__", "unknown name '__builtins__'"),
@@ -64,9 +64,9 @@ def test_each_data_option_is_one_argument_and_a_single_name_is_a_scalar(capsys):
 def test_inspect_rejects_anything_but_an_expression_before_evaluating_it(capsys, monkeypatch,
                                                                          text, message):
     def must_not_run(*args, **kwargs):
-        raise AssertionError("parse_expr was reached")
+        raise AssertionError("the expression was evaluated")
 
-    monkeypatch.setattr(parse, "parse_expr", must_not_run)
+    monkeypatch.setattr(parse, "_evaluate", must_not_run)
     code, out, err = inspect(capsys, text, "--data", "x0,x1")
     assert code == 2 and out == ""
     assert err.startswith("error: EXPR: ") and message in err
@@ -100,3 +100,75 @@ def test_parse_expression_keeps_numbers_exact_and_reads_only_declared_names():
         parse_expression("x + y", {"x": x}, functions)
     with pytest.raises(BuildError, match="expected a numeric expression"):
         parse_expression("x > 0", {"x": x}, functions)
+
+
+# ---- bounds: nothing hangs, recurses or prints a huge number ----------------------------------
+
+TOWER = "**".join(["x0"] * 2400)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("(x0*0 + 2)**(10**1000)", "more than 1,000 digits"),
+    ("(x0*0 + 2)**(x0*0 + 10**1000)", "more than 1,000 digits"),
+    ("(x0*0 + 2)**(x0*0 + 10**900)", "a power with an exact result of more than 1,000 digits"),
+    ("(2*x0)**(10**9)", "a power with an exact result"),
+    ("sqrt(x0*0 + 2)**(10**9)", "a power with an exact result"),
+    ("(x0*0 + 3)**(10**6)", "a power with an exact result"),
+    ("9**9**9", "a power with an exact result"),
+    ("Pow(x0*0 + 2, 10**900)", "a power with an exact result"),
+    ("root(x0*0 + 2, Rational(1, 10**9))", "a power with an exact result"),
+    ("exp2(x0*0 + 10**9)", "a power with an exact result"),
+    ("exp(10**9*log(x0*0 + 2))", "a power with an exact result"),
+    ("gamma(10**9)", "gamma of a number above 300"),
+    ("gamma(10**5)*x0", "gamma of a number above 300"),
+    ("loggamma(x0*0 + 10**6)", "loggamma of a number above 300"),
+    ("polygamma(2, 10**6)", "polygamma of a number above 300"),
+    ("x0 * " + "1" * 1200, "an integer of more than 1,000 digits"),
+    ("x0 * 0x" + "f" * 900, "an integer of more than 1,000 digits"),
+    ("x0 * (10**999 * 10**999)", "an exact number of more than 1,000 digits"),
+    ("-" * 4000 + "x0", "nested too deeply"),
+    ("-" * 150 + "x0", "nesting deeper than 100 levels"),
+    (TOWER, "powers nested more than 16 high"),
+    ("sin + x0", "the function sin used as a value"),
+])
+def test_inspect_refuses_what_would_hang_or_recurse_within_seconds(capsys, text, message):
+    start = time.perf_counter()
+    code, out, err = inspect(capsys, "--data", "x0,x1", "--params", "a", "--", text)
+    assert time.perf_counter() - start < 5
+    assert code == 2 and out == "", err
+    assert err.startswith("error: EXPR: ") and message in err, err
+    assert "Traceback" not in err and len(err) < 1000
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("+".join(["x0"] * 2500), 2500 * sp.Symbol("x0")),
+    ("*".join(["x0"] * 2500), sp.Symbol("x0") ** 2500),
+    ("2.0**(10**9) * x0", sp.Float(2.0) ** (10**9) * sp.Symbol("x0")),
+    ("-" * 40 + "x0", sp.Symbol("x0")),
+    ("x0**2**3", sp.Symbol("x0") ** 8),
+    ("(x0*0 + 2)**1000 * x1", sp.Integer(2) ** 1000 * sp.Symbol("x1")),
+    ("gamma(300)*x0 + exp(100*log(x0*0 + 2))", sp.gamma(300) * sp.Symbol("x0") + 2**100),
+    ("x0 - x1/2 - 3*x0*x1/x0", sp.Symbol("x0") - sp.Symbol("x1") / 2 - 3 * sp.Symbol("x1")),
+    ("Piecewise((x0, x0 > 0), (-x0, True)) % 3",
+     sp.Mod(sp.Piecewise((sp.Symbol("x0"), sp.Symbol("x0") > 0), (-sp.Symbol("x0"), True)), 3)),
+])
+def test_long_and_large_inputs_within_the_bounds_build_the_right_expression(text, expected):
+    x0, x1 = sp.symbols("x0 x1")
+    functions = resolve_sympy_functions(["gamma", "exp", "log", "Piecewise"])
+    start = time.perf_counter()
+    assert parse_expression(text, {"x0": x0, "x1": x1}, functions) == expected
+    assert time.perf_counter() - start < 5
+
+
+def test_a_2500_term_sum_is_inspected(capsys):
+    text = "+".join(["x0", "1", "x0*x0"] * 834)
+    assert len(text) > 7_000
+    code, out, err = inspect(capsys, "--data", "x0", "--batch", "2", "--", text)
+    assert code == 0, err
+    assert "expression: 834*x0**2 + 834*x0 + 834" in out and "func.func public @main" in out
+
+
+def test_inspect_bounds_the_batch(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", "x0", "--data", "x0", "--batch", str(10**12)])
+    assert "--batch: expected a number of samples from 1 to 1,048,576" in capsys.readouterr().err

@@ -7,16 +7,30 @@ from __future__ import annotations
 
 import ast
 import keyword
+import math
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import sympy as sp
-from sympy.parsing.sympy_parser import auto_number, parse_expr
 
 from symkern.errors import BuildError
 
 #: the longest expression text accepted (a command line, not a file)
 MAX_LENGTH = 10_000
+#: the most decimal digits of an exact number, written or computed: SymPy computes powers,
+#: gamma and the like of exact numbers exactly (2**(10**1000) would never finish), and
+#: Python prints no integer above 4,300 digits
+MAX_DIGITS = 1_000
+#: the largest number gamma, loggamma, digamma, polygamma and beta take: SymPy evaluates
+#: them exactly at integers (gamma(10**9) would never finish; gamma(300) has 613 digits)
+MAX_GROWING_ARGUMENT = 300
+GROWING_FUNCTIONS = frozenset({"gamma", "loggamma", "digamma", "polygamma", "beta"})
+#: the deepest nesting (a chain of + - or of * / is one level) and the highest tower of
+#: powers: SymPy's printers and Python's compiler recurse on the expression later
+MAX_DEPTH = 100
+MAX_POWER_HEIGHT = 16
+LOG10_2 = math.log10(2)
 #: names a text may use besides the declared symbols and the supported functions
 EXTRA_NAMES = ("Piecewise", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "Rational",
                "pi", "E")
@@ -62,27 +76,98 @@ def _reject(node: ast.AST, what: str) -> BuildError:
                       "symbols and SymPy functions")
 
 
-def _has_name(node: ast.AST) -> bool:
-    return any(isinstance(child, ast.Name) for child in ast.walk(node))
+def _rational_digits(number: sp.Rational) -> int:
+    """Decimal digits of the larger of a rational's numerator and denominator (about)."""
+    return int(max(abs(number.p).bit_length(), number.q.bit_length()) * LOG10_2) + 1
 
 
-def _literal_exponent(node: ast.expr) -> float | None:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        node = node.operand
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return abs(node.value)
+def _bases_digits(base: sp.Basic) -> float:
+    """log10 of the largest exact number in `base` (its exponents too: sqrt(2) is 2**(1/2)),
+    what one unit of an exact exponent multiplies the size of a power by."""
+    numbers = [base] if isinstance(base, sp.Rational) else base.atoms(sp.Rational)
+    return max((math.log10(max(abs(n.p), n.q)) for n in numbers if n not in (0, 1, -1)),
+               default=0.0)
+
+
+def _magnitude(number: sp.Basic) -> float:
+    try:
+        return abs(float(number))
+    except (OverflowError, TypeError, ValueError):
+        return math.inf
+
+
+def _check_power(base: sp.Basic, exponent: sp.Basic, node: ast.AST) -> None:
+    """SymPy computes a power of exact numbers exactly (`(2*x0)**n` as `2**n*x0**n`):
+    refuse one whose result would have more than MAX_DIGITS digits, before it is computed."""
+    if not isinstance(exponent, sp.Basic) or not exponent.is_number:
+        return
+    digits = _magnitude(exponent) * _bases_digits(base)
+    if digits > MAX_DIGITS:
+        raise _reject(node, f"a power with an exact result of more than {MAX_DIGITS:,} digits")
+
+
+def _check_call(name: str, arguments: list[Any], node: ast.AST) -> None:
+    """Refuse numeric arguments that would make SymPy compute a huge exact number."""
+    if name in GROWING_FUNCTIONS:
+        for argument in arguments:
+            if isinstance(argument, sp.Basic) and argument.is_number \
+                    and _magnitude(argument) > MAX_GROWING_ARGUMENT:
+                raise _reject(node, f"{name} of a number above {MAX_GROWING_ARGUMENT} (SymPy "
+                              "would compute it exactly)")
+    elif name == "Pow" and len(arguments) == 2:
+        _check_power(*arguments, node)
+    elif name == "root" and len(arguments) >= 2 and isinstance(arguments[1], sp.Basic) \
+            and arguments[1].is_number and arguments[1] != 0:
+        _check_power(arguments[0], 1 / arguments[1], node)
+    elif name == "exp2" and len(arguments) == 1:
+        _check_power(sp.Integer(2), arguments[0], node)
+    elif name == "exp" and len(arguments) == 1 and isinstance(arguments[0], sp.Basic) \
+            and arguments[0].has(sp.log):
+        # exp(n*log(m)) is m**n: n at most the largest number in the argument
+        coefficient = max((_magnitude(r) for r in arguments[0].atoms(sp.Rational)), default=0)
+        logged = sp.Tuple(*[term.args[0] for term in arguments[0].atoms(sp.log)])
+        _check_power(logged, sp.Float(min(coefficient, 1e300)), node)
+
+
+def _check_size(value: Any, node: ast.AST) -> Any:
+    """`value`, unless an exact number in it (at its top) has more than MAX_DIGITS digits."""
+    if isinstance(value, sp.Basic):
+        parts = (value,) + (value.args if value.is_Add or value.is_Mul else ())
+        for part in parts:
+            if isinstance(part, sp.Rational) and _rational_digits(part) > MAX_DIGITS:
+                raise _reject(node, f"an exact number of more than {MAX_DIGITS:,} digits")
+    return value
+
+
+def _shape_limits(tree: ast.Expression) -> None:
+    """Nesting depth (a chain of `+ -` or `* /` counts once) and power height, iteratively."""
+    stack: list[tuple[ast.AST, int, int]] = [(tree.body, 1, 0)]
+    while stack:
+        node, depth, height = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _reject(node, f"nesting deeper than {MAX_DEPTH} levels")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            height += 1
+            if height > MAX_POWER_HEIGHT:
+                raise _reject(node, f"powers nested more than {MAX_POWER_HEIGHT} high")
+        chain = _chain_kind(node)
+        for child in ast.iter_child_nodes(node):
+            same = chain is not None and _chain_kind(child) == chain and child is node.left
+            stack.append((child, depth if same else depth + 1, height))
+
+
+def _chain_kind(node: ast.AST) -> str | None:
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, (ast.Add, ast.Sub)):
+            return "sum"
+        if isinstance(node.op, (ast.Mult, ast.Div)):
+            return "product"
     return None
 
 
 def _validate(tree: ast.Expression, symbols: Mapping[str, Any], functions: Mapping[str, Any]) -> None:
     """Every node is one the grammar allows: checked before anything is evaluated."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not _has_name(node):
-            # SymPy computes numeric powers exactly: 9**9**9 would never finish
-            exponent = _literal_exponent(node.right)
-            if exponent is None or exponent > 1000:
-                raise _reject(node, "a numeric power with an exponent that is not a number "
-                              "of at most 1000")
         if isinstance(node, (ast.Expression, ast.Load, ast.BinOp, ast.UnaryOp) + _OPERATORS
                       + _COMPARISONS):
             continue
@@ -93,6 +178,8 @@ def _validate(tree: ast.Expression, symbols: Mapping[str, Any], functions: Mappi
         if isinstance(node, ast.Constant):
             if type(node.value) not in (int, float, bool):
                 raise _reject(node, f"the constant {node.value!r}")
+            if type(node.value) is int and node.value.bit_length() * LOG10_2 > MAX_DIGITS:
+                raise _reject(node, f"an integer of more than {MAX_DIGITS:,} digits")
             continue
         if isinstance(node, ast.Name):
             if node.id not in symbols and node.id not in functions:
@@ -115,13 +202,91 @@ def _validate(tree: ast.Expression, symbols: Mapping[str, Any], functions: Mappi
             continue
         raise _reject(node, _HINTS.get(type(node), type(node).__name__))
     _check_tuples(tree.body)
+    _shape_limits(tree)
 
 
-def _check_tuples(node: ast.AST, allowed: bool = False) -> None:
-    if isinstance(node, ast.Tuple) and not allowed:
-        raise _reject(node, "a tuple outside a function's arguments")
-    for child in ast.iter_child_nodes(node):
-        _check_tuples(child, allowed=isinstance(node, ast.Call) and child in node.args)
+def _check_tuples(root: ast.AST) -> None:
+    stack: list[tuple[ast.AST, bool]] = [(root, False)]
+    while stack:
+        node, allowed = stack.pop()
+        if isinstance(node, ast.Tuple) and not allowed:
+            raise _reject(node, "a tuple outside a function's arguments")
+        stack.extend((child, isinstance(node, ast.Call) and child in node.args)
+                     for child in ast.iter_child_nodes(node))
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.Mod: sp.Mod}
+_COMPARE = {ast.Lt: sp.Lt, ast.LtE: sp.Le, ast.Gt: sp.Gt, ast.GtE: sp.Ge}
+
+
+def _operands(node: ast.BinOp) -> tuple[list[ast.expr], list[ast.operator]]:
+    """A left-leaning chain `a + b - c + ...` (or of `* /`) as its operands and operators."""
+    kind, operands, operators = _chain_kind(node), [], []
+    while _chain_kind(node) == kind:
+        operands.append(node.right)
+        operators.append(node.op)
+        node = node.left
+    operands.append(node)
+    return operands[::-1], operators[::-1]
+
+
+def _combine(node: ast.AST, values: list[Any], operators: list[ast.operator]) -> Any:
+    if isinstance(operators[0], (ast.Add, ast.Sub)):
+        terms = [values[0]] + [-v if isinstance(op, ast.Sub) else v
+                               for v, op in zip(values[1:], operators, strict=True)]
+        return sp.Add(*terms)
+    factors = [values[0]] + [sp.Integer(1) / v if isinstance(op, ast.Div) else v
+                             for v, op in zip(values[1:], operators, strict=True)]
+    return sp.Mul(*factors)
+
+
+def _evaluate(tree: ast.Expression, symbols: Mapping[str, Any],
+              functions: Mapping[str, Any]) -> Any:
+    """The SymPy object a checked tree stands for, built node by node without recursion
+    and without `eval`: each power and call is checked for a huge exact result first."""
+    values: dict[int, Any] = {}
+    stack: list[tuple[ast.AST, bool]] = [(tree.body, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, ast.BinOp) and _chain_kind(node):
+            children, operators = _operands(node)
+        elif isinstance(node, ast.Call):
+            children, operators = list(node.args), []
+        else:
+            children, operators = list(ast.iter_child_nodes(node)), []
+            children = [c for c in children if isinstance(c, ast.expr)]
+        if not ready:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(children))
+            continue
+        arguments = [values.pop(id(child)) for child in children]
+        if isinstance(node, ast.Constant):
+            value: Any = (sp.true if node.value else sp.false) if type(node.value) is bool \
+                else sp.Integer(node.value) if type(node.value) is int else sp.Float(node.value)
+        elif isinstance(node, ast.Name):
+            value = symbols[node.id] if node.id in symbols else functions[node.id]
+            if not isinstance(value, sp.Basic):
+                raise _reject(node, f"the function {node.id} used as a value (call it: "
+                              f"{node.id}(...))")
+        elif isinstance(node, ast.BinOp) and _chain_kind(node):
+            value = _combine(node, arguments, operators)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            _check_power(*arguments, node)
+            value = sp.Pow(*arguments)
+        elif isinstance(node, ast.BinOp):
+            value = _BINARY[type(node.op)](*arguments)
+        elif isinstance(node, ast.UnaryOp):
+            value = -arguments[0] if isinstance(node.op, ast.USub) else arguments[0]
+        elif isinstance(node, ast.Compare):
+            value = _COMPARE[type(node.ops[0])](*arguments)
+        elif isinstance(node, ast.Tuple):
+            value = tuple(arguments)
+        else:  # a call, whose function _validate checked to be a name of `functions`
+            _check_call(node.func.id, arguments, node)
+            value = functions[node.func.id](*arguments)
+        values[id(node)] = _check_size(value, node)
+    return values[id(tree.body)]
 
 
 def parse_expression(text: str, symbols: Mapping[str, sp.Symbol],
@@ -130,7 +295,9 @@ def parse_expression(text: str, symbols: Mapping[str, sp.Symbol],
 
     The text is parsed with `ast.parse` and checked node by node first: only numbers,
     arithmetic and comparison operators, the declared symbols and the given SymPy functions
-    pass. Only then does SymPy's `parse_expr` (which calls `eval`) see it, with no builtins.
+    pass, nested at most MAX_DEPTH deep with powers at most MAX_POWER_HEIGHT high. Then
+    the expression is built from the tree node by node, without `eval`; an exact number of
+    more than MAX_DIGITS digits, written or about to be computed, is refused.
 
     >>> x = sp.Symbol("x")
     >>> parse_expression("sin(x)**2 + 1/2", {"x": x}, resolve_sympy_functions(["sin"]))
@@ -154,18 +321,18 @@ def parse_expression(text: str, symbols: Mapping[str, sp.Symbol],
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as error:
         raise BuildError(f"EXPR: not an expression ({error.msg}, column {error.offset})") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise BuildError(f"EXPR: nested too deeply to parse (more than {MAX_DEPTH} levels "
+                         "are refused)") from None
     _validate(tree, symbols, functions)
-    # Numbers become SymPy numbers (auto_number), so 1/2 stays exact; nothing else is
-    # transformed, and eval sees no builtins, only the checked names.
-    global_dict: dict[str, Any] = {"__builtins__": {}, "Integer": sp.Integer, "Float": sp.Float,
-                                   "Rational": sp.Rational}
-    local_dict: dict[str, Any] = {**functions, **symbols}
     try:
-        result = parse_expr(text.strip(), local_dict=local_dict, global_dict=global_dict,
-                            transformations=(auto_number,))
-    except (TypeError, ValueError, sp.SympifyError) as error:
-        raise BuildError(f"EXPR: SymPy could not build {text.strip()!r}: {error}") from None
+        result = _evaluate(tree, symbols, functions)
+    except BuildError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever SymPy raises for these arguments
+        raise BuildError(f"EXPR: SymPy could not build {text.strip()[:200]!r}: "
+                         f"{type(error).__name__}: {str(error)[:200]}") from None
     if not isinstance(result, sp.Expr):
         raise BuildError(f"EXPR: expected a numeric expression, got {type(result).__name__} "
-                         f"{result}; use Piecewise to turn a condition into a value")
+                         f"{str(result)[:200]}; use Piecewise to turn a condition into a value")
     return result
