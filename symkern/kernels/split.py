@@ -15,25 +15,28 @@ Imports jax, ast, symkern.codegen, symkern.kernels.stage and symkern.errors; not
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import hashlib
+import json
 import os
-import pickle
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from symkern.codegen.cache import write_atomically
 from symkern.codegen.operations import count_and_reads
 from symkern.codegen.rules import KERNEL_NAME
-from symkern.errors import CodegenDriftError
+from symkern.errors import CacheWarning, CodegenDriftError
 from symkern.kernels.stage import LazyKernelFunction
 
 #: name of the tuple argument through which a piece receives its live-in values
@@ -296,15 +299,16 @@ class SplitProgram:
             live_specs.update(zip(piece.live_out, low.out_info, strict=False))
             lowered.append(low)
         lowered_at = time.perf_counter()
-        if self.workers > 1:
-            with ThreadPoolExecutor(self.workers) as pool:
-                compiled = list(pool.map(lambda low: low.compile(), lowered))
-        else:
-            compiled = [low.compile() for low in lowered]
+        with _counting_cache_hits() as hits:
+            if self.workers > 1:
+                with ThreadPoolExecutor(self.workers) as pool:
+                    compiled = list(pool.map(lambda low: low.compile(), lowered))
+            else:
+                compiled = [low.compile() for low in lowered]
         self.timings["trace_and_lower"] = lowered_at - start
         self.timings["xla_compile"] = time.perf_counter() - lowered_at
         self._compiled[key] = compiled
-        if self.store is not None:
+        if self.store is not None and not hits:
             self.store.save(specs, compiled)
         return compiled
 
@@ -331,6 +335,29 @@ def _machine() -> str:
     return described
 
 
+#: the event JAX records when it takes an executable from its persistent cache
+_PERSISTENT_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+@contextlib.contextmanager
+def _counting_cache_hits() -> Iterator[list[str]]:
+    """The persistent-cache hits recorded while open (in any thread). On the CPU an
+    executable JAX took from its cache does not serialize whole: stored, it loads in the
+    next process and fails when called (`Function slice_bitcast_fusion.5 not found`), so
+    the store keeps only pieces XLA compiled."""
+    hits: list[str] = []
+
+    def listener(event: str, **kwargs: Any) -> None:
+        if event == _PERSISTENT_CACHE_HIT:
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(listener)
+    try:
+        yield hits
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
+
+
 class ExecutableStore:
     """A split program's compiled pieces on disk, for a second process.
 
@@ -339,40 +366,76 @@ class ExecutableStore:
     executables themselves are serialized (`jax.experimental.serialize_executable`) under a
     key of the generated code (`key`, from the code-generation cache), the argument shapes
     and dtypes, the JAX version, backend, x64 setting and the machine (CPU model and flags).
-    Loading unpickles what was written: like JAX's own cache, the directory must be trusted
-    (docs/guide.md).
+    An entry is an .npz archive, read without pickle: each piece's executable and its
+    argument and result trees (PyTreeDef protos), and a manifest with the key and a digest
+    over all of them. An entry that does not check out is a cache miss (a CacheWarning
+    says why); like JAX's own cache, the directory must be trusted (symkern.enable_cache).
     """
 
     def __init__(self, directory: str | os.PathLike, key: str) -> None:
         self.directory = Path(directory)
         self.key = key
 
-    def _path(self, specs: Any) -> Path:
+    def _path(self, specs: Any) -> tuple[Path, str]:
         leaves, treedef = jax.tree_util.tree_flatten(specs)
         described = [str(treedef), jax.__version__, jax.default_backend(),
                      str(jax.config.jax_enable_x64), self.key, _machine()]
         described += [f"{leaf.shape}:{leaf.dtype}:{leaf.weak_type}" for leaf in leaves]
         digest = hashlib.sha256("\n".join(described).encode()).hexdigest()
-        return self.directory / digest[:2] / f"{digest}.pkl"
+        return self.directory / digest[:2] / f"{digest}.npz", digest
+
+    @staticmethod
+    def _digest(entry: str, parts: Sequence[bytes]) -> str:
+        digest = hashlib.sha256(b"symkern executables\0" + entry.encode() + b"\0")
+        for part in parts:
+            digest.update(len(part).to_bytes(8, "little") + part)
+        return digest.hexdigest()
 
     def load(self, specs: Any, count: int, workers: int = 1) -> list[Any] | None:
         from jax.experimental.serialize_executable import deserialize_and_load
 
+        path, entry = self._path(specs)
+        if not path.exists():
+            return None
         try:
-            with open(self._path(specs), "rb") as handle:
-                stored = pickle.load(handle)  # noqa: S301 - our own file, trusted directory
-            if len(stored) != count:
-                return None
+            with np.load(path, allow_pickle=False) as stored:
+                manifest = json.loads(stored["manifest"].tobytes())
+                if manifest.get("entry") != entry or manifest.get("count") != count:
+                    raise ValueError("written for other arguments or another program")
+                parts = [stored[f"{kind}_{k}"].tobytes()
+                         for k in range(count) for kind in ("executable", "in", "out")]
+            if manifest.get("digest") != self._digest(entry, parts):
+                raise ValueError("the digest does not match the entry's content")
+            registry = jax.tree_util.default_registry
+            restore = type(jax.tree_util.tree_structure(None)).deserialize_using_proto
+            items = [(parts[3 * k], restore(registry, parts[3 * k + 1]),
+                      restore(registry, parts[3 * k + 2])) for k in range(count)]
             with ThreadPoolExecutor(max(workers, 1)) as pool:
-                return list(pool.map(lambda item: deserialize_and_load(*item), stored))
-        except Exception:  # noqa: BLE001 - a missing or unreadable entry is a cache miss
+                return list(pool.map(lambda item: deserialize_and_load(*item), items))
+        except Exception as error:  # noqa: BLE001 - any damage to an entry is a cache miss
+            warnings.warn(f"executable cache: the entry {path} is not used "
+                          f"({type(error).__name__}: {str(error)[:200]}); it is removed and "
+                          "the pieces compiled again", CacheWarning, stacklevel=2)
+            path.unlink(missing_ok=True)
             return None
 
     def save(self, specs: Any, compiled: Sequence[Any]) -> None:
         from jax.experimental.serialize_executable import serialize
 
+        path, entry = self._path(specs)
         try:
             stored = [serialize(executable) for executable in compiled]
-            write_atomically(self._path(specs), lambda handle: pickle.dump(stored, handle))
-        except Exception:  # noqa: BLE001 - not storing is never an error for the build
-            return
+            parts = [part for payload, in_tree, out_tree in stored
+                     for part in (bytes(payload), in_tree.serialize_using_proto(),
+                                  out_tree.serialize_using_proto())]
+        except Exception:  # noqa: BLE001 - an executable or tree that does not serialize
+            return  # is not stored, which is never an error for the build
+        arrays = {f"{kind}_{k}": np.frombuffer(parts[3 * k + j], np.uint8)
+                  for k in range(len(stored)) for j, kind in enumerate(("executable", "in", "out"))}
+        manifest = {"entry": entry, "count": len(stored), "digest": self._digest(entry, parts)}
+        arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode(), np.uint8)
+        try:
+            write_atomically(path, lambda handle: np.savez(handle, **arrays))
+        except OSError as error:
+            warnings.warn(f"executable cache: could not write {path} ({error}); the pieces "
+                          "are not cached", CacheWarning, stacklevel=2)
