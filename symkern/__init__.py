@@ -3,6 +3,7 @@
 from symkern.batching.build import build_function, build_nn_function
 from symkern.batching.caching import disable_cache, enable_cache
 from symkern.batching.kernel import BoundKernel, Kernel
+from symkern.codegen.passes import BuildOptions
 from symkern.errors import (
     ArgumentError,
     BuildError,
@@ -47,6 +48,7 @@ __all__ = [
     "parameter_gradient",
     "ArgumentError",
     "BoundKernel",
+    "BuildOptions",
     "BuildError",
     "CacheWarning",
     "CapturedConstantsWarning",

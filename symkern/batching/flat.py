@@ -14,13 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from symkern.batching.kernel import (
-    FUSED_UP_TO,
     NOT_TAKEN,
     Kernel,
-    _weak_method,
     call_direct,
     check_dtype_policy,
     refuse_integer_arrays,
+    weak_method,
 )
 from symkern.errors import ArgumentError
 
@@ -42,22 +41,23 @@ class FlatKernel:
             self._layout.append((offset, size, spec.shape))
             offset += size
         self.size = offset
-        self._entries = jax.jit(_weak_method(self, "_compute"))
+        self._entries = jax.jit(weak_method(self, "_compute"))
         # as Kernel's direct path: checks at trace time, shapes the checked path ran fused
-        self._direct = jax.jit(_weak_method(self, "_evaluate_arguments"))
+        self._direct = jax.jit(weak_method(self, "_evaluate_arguments"))
         self._direct_shapes: set[tuple[int, ...]] = set()
-        self._integers_seen = False  # as Kernel's: integer data take the checked path
+        self.integers_seen = False  # as Kernel's: integer data take the checked path
         self._n_arguments = len(kernel.signature.data) + 1
 
-    def _leaves(self, theta: Any) -> tuple:
+    def leaves(self, theta: Any) -> tuple:
+        """The parameter leaves, each reshaped, read out of a flat buffer `theta`."""
         return tuple(theta[start:start + size].reshape(shape)
                      for start, size, shape in self._layout)
 
     def _evaluate(self, const_args: tuple, data: tuple, theta: Any) -> Any:
-        return self.kernel._evaluate(const_args, data, self._leaves(theta))
+        return self.kernel.program.evaluate(const_args, data, self.leaves(theta))
 
     def _compute(self, const_args: tuple, data: tuple, theta: Any) -> tuple:
-        return self.kernel._compute(const_args, data, self._leaves(theta))
+        return self.kernel.program.entries(const_args, data, self.leaves(theta))
 
     def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
         refuse_integer_arrays(self, jax.tree_util.tree_leaves(args))
@@ -80,21 +80,17 @@ class FlatKernel:
 
     def __call__(self, *args: Any) -> Any:
         kernel = self.kernel
-        result = call_direct(self._direct, self._direct_shapes, kernel._const_values, args,
-                             self._integers_seen)
+        result = call_direct(self._direct, self._direct_shapes, kernel.const_values, args,
+                             self.integers_seen)
         if result is not NOT_TAKEN:
             return result
         data, theta = self._check(args)
-        batch = math.prod(kernel._batch_shape_of(data))
-        fused = kernel._runs_fused(batch)
-        if fused is None:  # the kernel has not measured yet (Kernel._probe): its default
-            fused = batch <= FUSED_UP_TO
-        if fused:
-            result = self._direct(kernel._const_values, data + (theta,))
+        if kernel.runs_fused:
+            result = self._direct(kernel.const_values, data + (theta,))
             if data and not any(isinstance(a, jax.core.Tracer) for a in data):
                 self._direct_shapes.add(tuple(data[0].shape))
             return result
-        return kernel._assemble_jitted(self._entries(kernel._const_values, data, theta))
+        return kernel.assemble(self._entries(kernel.const_values, data, theta))
 
     def __repr__(self) -> str:
         return f"FlatKernel({self.kernel!r}, theta: ({self.size},))"
@@ -113,4 +109,4 @@ def unflatten_parameters(kernel: Kernel, theta: Any) -> Any:
     """The parameter tree back from a flat buffer (e.g. after an optimizer step)."""
     flat = FlatKernel(kernel)
     return jax.tree_util.tree_unflatten(kernel.signature.parameter_treedef,
-                                        list(flat._leaves(jnp.asarray(theta))))
+                                        list(flat.leaves(jnp.asarray(theta))))

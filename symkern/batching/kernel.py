@@ -12,76 +12,44 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from symkern.batching.buckets import EXACT_SHAPES, bucket_size, pad_batch
-from symkern.codegen.pipeline import GeneratedCode
+from symkern.batching.program import ScalarProgram
+from symkern.codegen.passes import BuildOptions
 from symkern.codegen.stopwatch import CALL_STAGES, Stopwatch
 from symkern.errors import ArgumentError, DtypeMismatchError
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import example_arguments, export_function, save_file
 from symkern.kernels.options import kernel_jit
 from symkern.kernels.values import as_real_array
-from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
-#: batches up to this many samples run as one executable (entries stacked inside it)
-FUSED_UP_TO = 1024
-#: from this many samples a kernel whose outputs need assembling times one executable
-#: against two (entries, then assembly) once, and keeps the faster (Kernel._probe)
-PROBE_FROM = 64
 #: the assembly executable stacks a leaf of at most this many entries along a new leading
 #: axis and moves it last (a transpose), wider leaves along the last axis: from materialized
 #: entries at 100k samples, 2 / 4 / 8 entries took 0.08 / 0.12 / 0.12 ms transposed and
 #: 0.29 / 0.24 / 0.37 ms stacked last, but 10 / 16 entries 2.6 / 4.8 ms transposed
 #: against 1.0 / 0.5 ms (docs/design/output-assembly.md)
 TRANSPOSED_ASSEMBLY_UP_TO = 8
-#: the probe times both at least PROBE_ROUNDS times, and more (up to PROBE_MAX_ROUNDS)
-#: until PROBE_SECONDS have passed: a sub-millisecond kernel's best of three flipped its
-#: choice between runs on a shared machine (0.55 vs 1.0 ms at 100k samples), and at 100k
-#: samples nlink-3's first rounds ran 2-4x slower than later ones (fresh buffers), so
-#: three rounds in 50 ms left one round deciding
-PROBE_ROUNDS = 5
-PROBE_MAX_ROUNDS = 25
-PROBE_SECONDS = 0.1
+#: `kernel.tune` times each assembly at least TUNE_ROUNDS times, and more (up to
+#: TUNE_MAX_ROUNDS) until TUNE_SECONDS have passed: a sub-millisecond kernel's best of three
+#: flipped its choice between runs on a shared machine, and at 100k samples nlink-3's first
+#: rounds ran 2-4x slower than later ones (fresh buffers)
+TUNE_ROUNDS = 5
+TUNE_MAX_ROUNDS = 25
+TUNE_SECONDS = 0.1
 #: ... and stops after one round once this many seconds have passed (long calls)
-PROBE_MAX_SECONDS = 1.0
-#: a batch this many times larger than the one the probe measured is measured again (a
-#: new shape compiles anyway), and its choice kept: at 1,024 samples dispatch decides,
-#: at 100,000 memory traffic, and jac-2-3-2's choice at 1,024 ran 1.4x slower at 100k;
-#: not above REPROBE_UP_TO samples, where the probe's runs (four calls at least) would
-#: cost a one-shot evaluation of a huge batch several times its own time
-REPROBE_FACTOR = 16
-REPROBE_UP_TO = 1 << 20
-
-
-@dataclass(frozen=True)
-class KernelSignature:
-    """What a kernel takes: its data arguments, its parameter leaves and tree, its dtype."""
-
-    data: tuple[ArgumentSpec, ...]
-    parameters: tuple[ArgumentSpec, ...]
-    parameter_treedef: Any
-    dtype: np.dtype
-
-    #: whether the kernel is called with `ps` (also for an empty tree, `params={}`)
-    takes_parameters: bool | None = None
-
-    @property
-    def has_parameters(self) -> bool:
-        return bool(self.parameters) if self.takes_parameters is None else self.takes_parameters
+TUNE_MAX_SECONDS = 1.0
 
 
 def _shape_text(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _weak_method(owner: Any, name: str) -> Callable[..., Any]:
+def weak_method(owner: Any, name: str) -> Callable[..., Any]:
     """`owner.name` as a function holding `owner` only weakly."""
     reference = weakref.ref(owner)
 
@@ -103,10 +71,10 @@ def integer_array(leaf: Any) -> bool:
 
 def refuse_integer_arrays(owner: Any, leaves: Sequence[Any]) -> None:
     """In a direct path's trace: integer arrays take the checked path instead (ArgumentError,
-    which call_direct reads as "not taken"), and `owner` remembers it (call_direct's
-    `integers_seen`)."""
+    which call_direct reads as "not taken"), and `owner` remembers it (its `integers_seen`,
+    call_direct's argument)."""
     if any(map(integer_array, leaves)):
-        owner._integers_seen = True
+        owner.integers_seen = True
         raise ArgumentError("integer arrays take the checked path (cast on the host)")
 
 
@@ -172,14 +140,6 @@ def check_dtype_policy(dtype: np.dtype) -> None:
         )
 
 
-def _subscriptable(treedef: Any) -> bool:
-    """Whether every node of a parameter tree is a dict, list or tuple (read as `ps[key]`)."""
-    example = jax.tree_util.tree_unflatten(treedef, [0] * treedef.num_leaves)
-    paths, _ = jax.tree_util.tree_flatten_with_path(example)
-    keys = (jax.tree_util.DictKey, jax.tree_util.SequenceKey)
-    return all(isinstance(key, keys) for path, _ in paths for key in path)
-
-
 class Kernel:
     """A batched, compiled evaluation of a set of SymPy equations.
 
@@ -197,19 +157,20 @@ class Kernel:
 
     def __init__(
         self,
-        generated: GeneratedCode,
-        function: Callable[..., tuple[Any, ...]],
-        signature: KernelSignature,
-        equations: EquationSet,
+        program: ScalarProgram,
         timings: dict[str, float],
         const_args: tuple[ConstArg, ...] = (),
         progress: bool | None = None,
         split: Any = None,
+        options: BuildOptions | None = None,
     ) -> None:
-        self._generated = generated
-        self._function = function
-        self.signature = signature
-        self.equations = equations
+        #: the traced computation (symkern.batching.program): entries, assembly, evaluate
+        self.program = program
+        self._generated = program.generated
+        self.signature = program.signature
+        self.equations = program.equations
+        #: the choices the build used (symkern.codegen.passes.BuildOptions)
+        self.options = options if options is not None else BuildOptions()
         self.timings = dict(timings)
         self._progress = progress
         # a huge body compiled as separate pieces (symkern.kernels.split); traced calls
@@ -220,47 +181,42 @@ class Kernel:
         # jit functions that reach this kernel through a weak reference: a strong one would
         # make a cycle, and a dropped kernel's executables and const args would wait for
         # Python's cyclic collector instead of being freed at once
-        self._jitted = jax.jit(_weak_method(self, "_evaluate"))
+        self._jitted = jax.jit(weak_method(self, "_evaluate"))
         # Top-level calls run the entries and their assembly as two executables: stacking
         # scalar entries inside the fused body measured 100x slower (docs/design/output-assembly.md).
-        self._compute_jitted = jax.jit(_weak_method(self, "_compute"))
-        self._assemble_jitted = jax.jit(_weak_method(self, "_assemble_entries"))
+        self._compute_jitted = jax.jit(weak_method(self, "_compute"))
+        self._assemble_jitted = jax.jit(weak_method(self, "_assemble_entries"))
         # The same two for top-level calls, compiled with symkern's CPU options
         # (symkern.kernels.options); JAX takes compiler options on top-level jits only, so
         # traced calls, shard() and the flat form use the two above.
-        self._compute_top = kernel_jit(_weak_method(self, "_compute"))
-        self._assemble_top = kernel_jit(_weak_method(self, "_assemble_entries"))
+        self._compute_top = kernel_jit(weak_method(self, "_compute"))
+        self._assemble_top = kernel_jit(weak_method(self, "_assemble_entries"))
         # The direct path: `kernel(*args)` handed to one jit as it came. Its checks run at
         # trace time, once per argument signature, so a repeated call costs what calling
         # a jitted function costs (benchmarks/dispatch.py, docs/design/dispatch.md). Only shapes the
         # checked path has already run fused take it (`_direct_shapes`: first data
         # argument's shape); anything jit cannot take falls back to the checked path.
-        self._direct = kernel_jit(_weak_method(self, "_evaluate_arguments"))
+        self._direct = kernel_jit(weak_method(self, "_evaluate_arguments"))
         self._direct_shapes: set[tuple[int, ...]] = set()
         self._direct_signatures: set[tuple] = set()
         # The same for shapes that run separately: the entries' executable takes the
         # call's arguments as they came, then the assembly executable runs.
-        self._direct_entries = kernel_jit(_weak_method(self, "_compute_arguments"))
+        self._direct_entries = kernel_jit(weak_method(self, "_compute_arguments"))
         self._separate_shapes: set[tuple[int, ...]] = set()
         self._entries_signatures: set[tuple] = set()
-        self._needs_assembly = any(self.equations.shapes)
-        #: how batches of PROBE_FROM samples or more are assembled: "fused" (one
-        #: executable), "separate" (entries, then assembly), None until first measured
-        self.assembly: str | None = None
-        #: whether batches below PROBE_FROM run as one executable (False: a big body, whose
-        #: in-program stack costs more to compile than a second dispatch costs to run)
-        self.fuse_small_batches = True
-        #: what the last measurement saw: {"batch": samples, "rounds": timed rounds,
-        #: "fused_s" / "separate_s": each form's best seconds}; None until measured
-        self.probe: dict[str, float] | None = None
+        self._needs_assembly = program.needs_assembly
+        #: how matrix-shaped outputs are assembled at every batch size: "fused" (one
+        #: executable) or "separate" (entries, then assembly), decided at build time from the
+        #: body (symkern.codegen.passes.decide_assembly), or by `tune`
+        self.assembly: str = program.generated.assembly or "fused"
+        #: what `tune` measured: {"batch": samples, "rounds": timed rounds, "fused_s" /
+        #: "separate_s": each form's best seconds, "assembly": the choice}; None until tuned
+        self.tuned: dict[str, Any] | None = None
         # whether the direct path has refused integer arrays (call_direct)
-        self._integers_seen = False
-        # the generated code reads `ps[key]` at every level: a tree with nodes read by
-        # attribute (namedtuple, dataclass) reaches it as nested dicts (_code_parameters)
-        self._parameters_by_path = not _subscriptable(signature.parameter_treedef)
+        self.integers_seen = False
         self._seen: set[tuple] = set()
         self._batch_shapes: set[tuple[int, ...]] = set()
-        self._lock = threading.RLock()  # re-entered: _probe compiles under it
+        self._lock = threading.RLock()  # re-entered: tune compiles under it
         self._compilations = 0
 
     # ---- what each stage produced -------------------------------------------------------
@@ -287,69 +243,38 @@ class Kernel:
     def dtype(self) -> np.dtype:
         return self.signature.dtype
 
+    def assemble(self, entries: tuple) -> Any:
+        """Entries (as `program.entries` returns them) → the equations' structure, by the
+        kernel's assembly executable."""
+        return self._assemble_jitted(entries)
+
+    @property
+    def form(self) -> str:
+        """The body's form (symkern.codegen.passes.FORMS): scalar, contracted, tiled, ..."""
+        return self._generated.form
+
+    @property
+    def const_values(self) -> tuple[Any, ...]:
+        """The const args' device arrays, in the executable's order."""
+        return self._const_values
+
     def __repr__(self) -> str:
         data = ", ".join(f"{s.label}: {_shape_text(s.shape)}" for s in self.signature.data)
         params = ", ps" if self.signature.has_parameters else ""
-        return f"Kernel({data}{params}) -> {len(self.equations.leaves)} equation(s), {self.dtype.name}"
+        return (f"{type(self).__name__}({data}{params}) -> {len(self.equations.leaves)} "
+                f"equation(s), {self.dtype.name}, {self.form} body, {self.assembly} assembly, "
+                f"{self.options!r}")
 
     # ---- the traced computation ---------------------------------------------------------
-    def _function_arguments(self, const_args: tuple, data: tuple,
-                            parameter_leaves: tuple) -> list[Any]:
-        """The generated function's positional arguments: const args, data, the `ps` tree."""
-        arguments = list(const_args) + list(data)
-        if self.signature.parameters:
-            arguments.append(self._code_parameters(parameter_leaves))
-        return arguments
-
-    def _code_parameters(self, parameter_leaves: tuple) -> Any:
-        """The `ps` the generated code reads: the caller's tree, or nested dicts by the
-        same keys when a node of it is read by attribute (`ps['p']` for a namedtuple's `p`)."""
-        if not self._parameters_by_path:
-            return jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
-                                                parameter_leaves)
-        root: dict = {}
-        for spec, leaf in zip(self.signature.parameters, parameter_leaves, strict=True):
-            if not spec.path:
-                return leaf
-            node = root
-            for key in spec.path[:-1]:
-                node = node.setdefault(key, {})
-            node[spec.path[-1]] = leaf
-        return root
-
     def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
-        """Every scalar entry of every equation, each shaped like the batch."""
-        arguments = self._function_arguments(const_args, data, parameter_leaves)
-        batch_shape = self._batch_shape_of(data)
-        return tuple(jnp.broadcast_to(jnp.asarray(entry, self.dtype), batch_shape)
-                     for entry in self._function(*arguments))
-
-    def _assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
-        """Entries → the equations' structure, each array leaf shaped `batch + its shape`.
-
-        A leaf of at most `transpose_up_to` entries is stacked along a new leading axis,
-        which is then moved last; the others are stacked along the last axis.
-        """
-        batch_shape = tuple(np.shape(entries[0]))
-        leaves, start = [], 0
-        for shape in self.equations.shapes:
-            count = int(np.prod(shape, dtype=int))
-            chunk = entries[start:start + count]
-            start += count
-            if not shape:
-                leaves.append(chunk[0])
-                continue
-            stacked = (jnp.moveaxis(jnp.stack(chunk), 0, -1) if count <= transpose_up_to
-                       else jnp.stack(chunk, axis=-1))
-            leaves.append(stacked.reshape(batch_shape + tuple(shape)))
-        return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
+        return self.program.entries(const_args, data, parameter_leaves)
 
     def _assemble_entries(self, entries: tuple) -> Any:
         """The assembly executable's function: entries already materialized."""
-        return self._assemble(entries, TRANSPOSED_ASSEMBLY_UP_TO)
+        return self.program.assemble(entries, TRANSPOSED_ASSEMBLY_UP_TO)
 
     def _evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
-        return self._assemble(self._compute(const_args, data, parameter_leaves))
+        return self.program.evaluate(const_args, data, parameter_leaves)
 
     def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
         """The direct path's traced function: the call's own arguments, checked here.
@@ -380,10 +305,7 @@ class Kernel:
                 + len(self._entries_signatures))
 
     def _batch_shape_of(self, data: Sequence[Any]) -> tuple[int, ...]:
-        if not data:
-            return ()
-        shape = tuple(data[0].shape)
-        return shape[: len(shape) - len(self.signature.data[0].shape)]
+        return self.program.batch_shape(data)
 
     # ---- argument checks --------------------------------------------------------------------
     def _split(self, args: tuple) -> tuple[tuple, Any]:
@@ -466,10 +388,13 @@ class Kernel:
         return tuple(arrays)
 
     # ---- calling ------------------------------------------------------------------------
-    def _prepare(self, args: tuple) -> tuple:
+    def prepare(self, args: tuple) -> tuple:
+        """A call's arguments checked: `(const values, data arrays, parameter leaves)`."""
         check_dtype_policy(self.dtype)
         data, ps = self._split(args)
         return (self._const_values, self.check_data(data), self.check_parameters(ps))
+
+    _prepare = prepare
 
     def _note_compilations(self, jobs: Sequence[tuple]) -> None:
         """Compile ahead of the first call of each batch shape, timing trace, lower and
@@ -510,7 +435,7 @@ class Kernel:
 
     def _execute_split(self, prepared: tuple, batch_shape: tuple[int, ...]) -> Any:
         const_values, data, parameter_leaves = prepared
-        arguments = self._function_arguments(const_values, data, parameter_leaves)
+        arguments = self.program.arguments(const_values, data, parameter_leaves)
         key = ("split", batch_shape)
         if key not in self._seen:
             with self._lock:
@@ -529,39 +454,18 @@ class Kernel:
                  raw: tuple | None = None) -> Any:
         if self._pieces is not None:
             return self._execute_split(prepared, batch_shape)
-        size = math.prod(batch_shape)
-        fused = self._runs_fused(size)
-        if fused is None or self._grown(size):
-            with self._lock:
-                if self.assembly is None or self._grown(size):
-                    return self._probe(prepared, batch_shape, raw)
-            fused = self.assembly == "fused"
-        if fused:
+        if self.runs_fused:
             return self._execute_fused(prepared, batch_shape, raw)
         return self._execute_separate(prepared, batch_shape, raw)
 
     @property
-    def _probed_size(self) -> int | None:
-        """The batch size `assembly` was last measured at (None: never measured)."""
-        return None if self.probe is None else self.probe["batch"]
+    def runs_fused(self) -> bool:
+        """Whether a call runs as one executable: nothing to assemble, or `assembly` fused.
 
-    def _grown(self, size: int) -> bool:
-        """Whether a batch of `size` samples is REPROBE_FACTOR times the one last measured."""
-        return (self._probed_size is not None and size <= REPROBE_UP_TO
-                and size >= REPROBE_FACTOR * self._probed_size)
-
-    def _runs_fused(self, size: int) -> bool | None:
-        """Whether a batch of `size` samples runs as one executable; None: not measured yet.
-
-        One executable when nothing needs assembling, and below PROBE_FROM samples (one
-        dispatch beats two) unless `fuse_small_batches` is off; above, what `_probe`
-        measured (`self.assembly`).
+        The same at every batch size: the two forms round differently, and a sample's
+        value must not depend on the batch it is in.
         """
-        if not self._needs_assembly:
-            return True
-        if size < PROBE_FROM and self.fuse_small_batches:
-            return True
-        return None if self.assembly is None else self.assembly == "fused"
+        return not self._needs_assembly or self.assembly == "fused"
 
     def _fused_job(self, prepared: tuple, batch_shape: tuple[int, ...],
                    raw: tuple | None) -> tuple:
@@ -589,9 +493,9 @@ class Kernel:
 
     def _assembly_job(self, batch_shape: tuple[int, ...]) -> tuple:
         """`_fused_job` for the assembly executable: one entry per scalar of each leaf."""
-        count = sum(math.prod(shape) for shape in self.equations.shapes)
-        entry = jax.ShapeDtypeStruct(batch_shape, self.dtype)
-        return (self._assemble_top, ("assembly", batch_shape), ((entry,) * count,), False)
+        entries = tuple(jax.ShapeDtypeStruct(shape, self.dtype)
+                        for shape in self.program.entry_shapes(batch_shape))
+        return (self._assemble_top, ("assembly", batch_shape), (entries,), False)
 
     def _run_job(self, job: tuple, shapes: set, register: bool) -> Any:
         """Compile `job` unless done, run it; a call's own arguments register its shape
@@ -616,50 +520,60 @@ class Kernel:
                                 self._separate_shapes, register)
         return self._assemble_top(entries)
 
-    def _probe(self, prepared: tuple, batch_shape: tuple[int, ...], raw: tuple | None) -> Any:
-        """Time both assemblies on the first batch of PROBE_FROM samples or more, and again
-        on a batch REPROBE_FACTOR times larger than the last one measured; keep the faster
-        for every such batch (`kernel.assembly`; shapes already run keep their form).
+    def tune(self, *args: Any) -> dict[str, Any]:
+        """Time both assemblies on these arguments and keep the faster for every batch.
 
-        Neither wins everywhere, and nothing static predicts which (docs/design/output-assembly.md):
-        at batch 1,024 one executable ran a 3-6-6-3 network's output 5.6× slower (XLA
-        copies shared producers into the stack's fusion) and a 72-entry mass matrix 1.4×
-        faster. Costs one more compile and a few runs, once per kernel and per 16-fold
-        growth of its batch.
+        Neither form wins everywhere (docs/design/output-assembly.md): at 100k samples one
+        executable ran the 2-3-2 network's Jacobian 2.8x slower than entries and assembly
+        apart, and nlink-3's mass matrix 1.4x faster. The build decides from the body
+        (`decide_assembly`); this measures instead, on the caller's say-so, and returns what
+        it measured (also kept as `kernel.tuned`). A choice that changes recompiles each
+        batch shape once, in the chosen form. Returns without measuring when the kernel has
+        nothing to assemble or runs as pieces.
         """
-        start = time.perf_counter()
+        prepared = self.prepare(args)
+        batch_shape = self._batch_shape_of(prepared[1])
+        if not self._needs_assembly or self._pieces is not None:
+            return {"batch": math.prod(batch_shape), "assembly": self.assembly, "rounds": 0}
+        raw = args if prepared[1] else None
         runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),
                 "separate": lambda: self._execute_separate(prepared, batch_shape, raw,
                                                            register=False)}
         best = {name: float("inf") for name in runs}
-        result = None
-        self._note_compilations([self._fused_job(prepared, batch_shape, raw),
-                                 self._entries_job(prepared, batch_shape, raw),
-                                 self._assembly_job(batch_shape)])
-        for run in runs.values():  # warm up
-            result = jax.block_until_ready(run())
-        timed_from = time.perf_counter()
-        for rounds in range(1, PROBE_MAX_ROUNDS + 1):
-            for name, run in runs.items():
-                began = time.perf_counter()
-                result = jax.block_until_ready(run())
-                best[name] = min(best[name], time.perf_counter() - began)
-            elapsed = time.perf_counter() - timed_from
-            if (rounds >= PROBE_ROUNDS and elapsed >= PROBE_SECONDS
-                    or elapsed >= PROBE_MAX_SECONDS):
-                break
-        self.assembly = "fused" if best["fused"] <= best["separate"] else "separate"
-        self.probe = {"batch": math.prod(batch_shape), "rounds": rounds,
-                      "fused_s": best["fused"], "separate_s": best["separate"]}
-        if raw is not None and _jit_takes(raw):
-            shapes = self._direct_shapes if self.assembly == "fused" else self._separate_shapes
-            shapes.add(tuple(np.shape(raw[0])))
-        self.timings["assembly_probe"] = (self.timings.get("assembly_probe", 0.0)
-                                          + time.perf_counter() - start)
-        return result
+        with self._lock:
+            start = time.perf_counter()
+            self._note_compilations([self._fused_job(prepared, batch_shape, raw),
+                                     self._entries_job(prepared, batch_shape, raw),
+                                     self._assembly_job(batch_shape)])
+            for run in runs.values():  # warm up
+                jax.block_until_ready(run())
+            timed_from = time.perf_counter()
+            for rounds in range(1, TUNE_MAX_ROUNDS + 1):
+                for name, run in runs.items():
+                    began = time.perf_counter()
+                    jax.block_until_ready(run())
+                    best[name] = min(best[name], time.perf_counter() - began)
+                elapsed = time.perf_counter() - timed_from
+                if (rounds >= TUNE_ROUNDS and elapsed >= TUNE_SECONDS
+                        or elapsed >= TUNE_MAX_SECONDS):
+                    break
+            choice = "fused" if best["fused"] <= best["separate"] else "separate"
+            if choice != self.assembly:
+                # shapes the direct path knows ran in the other form
+                self._direct_shapes.clear()
+                self._separate_shapes.clear()
+                self.assembly = choice
+            if raw is not None and _jit_takes(raw):
+                shapes = self._direct_shapes if choice == "fused" else self._separate_shapes
+                shapes.add(tuple(np.shape(raw[0])))
+            self.tuned = {"batch": math.prod(batch_shape), "rounds": rounds,
+                          "fused_s": best["fused"], "separate_s": best["separate"],
+                          "assembly": choice}
+            self.timings["tune"] = self.timings.get("tune", 0.0) + time.perf_counter() - start
+        return dict(self.tuned)
 
-    def _run(self, prepared: tuple, raw: tuple | None = None) -> Any:
-        """Run checked arguments; `raw`, the call's own arguments, if they were unpadded."""
+    def run(self, prepared: tuple, raw: tuple | None = None) -> Any:
+        """Run checked arguments (`prepare`); `raw`, the call's own arguments, if unpadded."""
         const_values, data, parameter_leaves = prepared
         if any(isinstance(a, jax.core.Tracer) for a in data + parameter_leaves):
             return self._jitted(*prepared)
@@ -684,22 +598,23 @@ class Kernel:
             lambda leaf: jax.device_put(np.asarray(leaf)[:n].reshape(batch_shape + leaf.shape[1:])),
             result)
 
-    def _call_direct(self, args: tuple) -> Any:
-        """The direct path (call_direct) of a shape that ran fused or separately before."""
+    def call_direct(self, args: tuple) -> Any:
+        """The direct path (call_direct) of a shape that ran fused or separately before;
+        NOT_TAKEN when the checked path must run (`run`)."""
         result = call_direct(self._direct, self._direct_shapes, self._const_values, args,
-                             self._integers_seen)
+                             self.integers_seen)
         if result is NOT_TAKEN and self._separate_shapes:
             result = call_direct(self._direct_entries, self._separate_shapes,
-                                 self._const_values, args, self._integers_seen)
+                                 self._const_values, args, self.integers_seen)
             if result is not NOT_TAKEN:
                 return self._assemble_top(result)
         return result
 
     def __call__(self, *args: Any) -> Any:
-        result = self._call_direct(args)
+        result = self.call_direct(args)
         if result is not NOT_TAKEN:
             return result
-        return self._run(self._prepare(args), args)
+        return self.run(self.prepare(args), args)
 
     def jaxpr(self, *args: Any) -> Any:
         """The jaxpr of the whole call (stage 3) for arguments of these shapes."""
@@ -721,9 +636,11 @@ class Kernel:
               if self.signature.has_parameters else None)
         treedef = self.signature.parameter_treedef
 
+        program = self.program
+
         def run(const_args: tuple, data: tuple, ps: Any) -> Any:
             leaves = treedef.flatten_up_to(ps) if ps is not None else ()
-            return self._evaluate(const_args, data, tuple(leaves))
+            return program.evaluate(const_args, data, tuple(leaves))
 
         descriptions = [{"name": c.name, "origin": c.origin} for c in self._const_args]
         return export_function(run, const_values, descriptions, data,
@@ -806,15 +723,51 @@ class BoundKernel:
     def __call__(self, *data: Any) -> Any:
         kernel = self.kernel
         if data:
-            result = kernel._call_direct(data + self._tail)
+            result = kernel.call_direct(data + self._tail)
             if result is not NOT_TAKEN:
                 return result
+        return kernel.run(self._prepare(data), tuple(data) + self._tail)
+
+    def _prepare(self, data: tuple) -> tuple:
+        kernel = self.kernel
         check_dtype_policy(kernel.dtype)
         if len(data) != len(kernel.signature.data):
             raise ArgumentError(f"bound kernel: expected {len(kernel.signature.data)} data "
                                 f"argument(s), got {len(data)}")
-        return kernel._run((kernel._const_values, kernel.check_data(data), self.parameter_leaves),
-                           tuple(data) + self._tail)
+        return (kernel.const_values, kernel.check_data(data), self.parameter_leaves)
+
+    @property
+    def source(self) -> str:
+        """The kernel's code (`Kernel.source`): the frozen parameters are arguments of it."""
+        return self.kernel.source
+
+    @property
+    def upstream_source(self) -> str:
+        return self.kernel.upstream_source
+
+    def _traced(self) -> Any:
+        program = self.kernel.program
+        leaves = self.parameter_leaves
+
+        def evaluate(const_args: tuple, data: tuple) -> Any:
+            # the frozen leaves are closed over as constants of the trace; lowered, each
+            # above embed_max_bytes is a const arg of the executable, as in `const_args`
+            return program.evaluate(const_args[:len(const_args) - len(leaves)], data,
+                                    tuple(const_args[len(const_args) - len(leaves):]))
+
+        return jax.jit(evaluate)
+
+    def jaxpr(self, *data: Any) -> Any:
+        """The jaxpr of a bound call: const args (the kernel's, then the frozen parameter
+        leaves) as its first arguments, then the data."""
+        const_values, checked, leaves = self._prepare(data)
+        return jax.make_jaxpr(self._traced())(const_values + tuple(leaves), checked)
+
+    def hlo(self, *data: Any, dialect: str = "stablehlo") -> str:
+        """The lowered program of a bound call: the frozen parameters are arguments of its
+        signature (after the kernel's const args), never embedded constants."""
+        const_values, checked, leaves = self._prepare(data)
+        return self._traced().lower(const_values + tuple(leaves), checked).as_text(dialect=dialect)
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.kernel!r})"

@@ -6,13 +6,14 @@ symkern.batching.kernel.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from symkern.batching.kernel import Kernel
+from symkern.batching.kernel import TRANSPOSED_ASSEMBLY_UP_TO, Kernel
 from symkern.errors import ArgumentError
 
 
@@ -59,12 +60,17 @@ class ShardedKernel:
         self.const_values = tuple(jax.device_put(np.asarray(c.value), self.replicated)
                                   for c in kernel.const_args)
         # Explicit out_shardings: propagation alone may replicate an output that reads no
-        # data (a broadcast constant); the two executables mirror the kernel's own split
-        # of entries and their assembly (stacking inside the fused body is the 100x trap).
-        self._compute = jax.jit(kernel._compute_jitted,
-                                in_shardings=(self.replicated, self.batch_sharding, self.replicated),
+        # data (a broadcast constant). The kernel's own assembly (kernel.assembly): one
+        # executable, or the entries and then their assembly, so that a sharded sample
+        # gets the kernel's value.
+        program = kernel.program
+        arguments = (self.replicated, self.batch_sharding, self.replicated)
+        self._evaluate = jax.jit(program.evaluate, in_shardings=arguments,
+                                 out_shardings=self.batch_sharding)
+        self._compute = jax.jit(program.entries, in_shardings=arguments,
                                 out_shardings=self.batch_sharding)
-        self._assemble = jax.jit(kernel._assemble_jitted, in_shardings=self.batch_sharding,
+        self._assemble = jax.jit(partial(program.assemble, transpose_up_to=TRANSPOSED_ASSEMBLY_UP_TO),
+                                 in_shardings=self.batch_sharding,
                                  out_shardings=self.batch_sharding)
 
     @property
@@ -114,7 +120,7 @@ class ShardedKernel:
                      if i < n_data and isinstance(a, np.ndarray) and a.dtype.kind in "biuf"
                      and a.dtype != kernel.dtype else a
                      for i, a in enumerate(args))
-        _, data, parameter_leaves = kernel._prepare(args)
+        _, data, parameter_leaves = kernel.prepare(args)
         rank = len(kernel.signature.data[0].shape)
         one_sample = np.ndim(data[0]) == rank
         if one_sample:
@@ -127,11 +133,10 @@ class ShardedKernel:
     def __call__(self, *args: Any) -> Any:
         kernel = self.kernel
         placed, size, padding, one_sample = self._place(args)
-        entries = self._compute(*placed)
-        if kernel._needs_assembly:
-            result = self._assemble(entries)
+        if kernel.runs_fused:
+            result = self._evaluate(*placed)
         else:
-            result = jax.tree_util.tree_unflatten(kernel.equations.treedef, list(entries))
+            result = self._assemble(self._compute(*placed))
         if one_sample:
             return jax.tree_util.tree_map(lambda leaf: leaf[0], result)
         if padding:

@@ -5,19 +5,19 @@ Imports every other part of symkern (the top of the import direction), as build.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import sympy as sp
-from jax.extend.core import Var
 
-from symkern.batching.build import resolve_dtype
-from symkern.batching.kernel import Kernel, KernelSignature
+from symkern.batching.build import UNSET, build_options, resolve_dtype
+from symkern.batching.kernel import Kernel
+from symkern.batching.program import KernelSignature, StructuredProgram
+from symkern.codegen.passes import FUSED, BuildOptions
 from symkern.codegen.structured import StructuredLayout, generate_structured
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, warn_if_large
@@ -48,91 +48,42 @@ TILE_OVER_OUTPUT = 2
 
 
 class StructuredKernel(Kernel):
-    """A `Kernel` whose compiled function returns *pieces*: whole leaves or scalar entries.
+    """A `Kernel` over a structured network's array program (`StructuredProgram`).
 
     A network output, Jacobian or parameter gradient comes out of the body already shaped
     `batch + shape` (it is one array there); only leaves written as SymPy formulas around
-    the network (`J∇H`) come as scalar entries, stacked by the separate assembly executable
-    as in `Kernel` (a stack inside the fused body measured 100× slower, ANCHORS.md).
-    Everything else — argument checks, batch shapes, jaxpr/hlo, bind, export — is `Kernel`'s.
+    the network (`J∇H`) come as scalar entries, stacked by the assembly as in `Kernel`.
+    Argument checks, batch shapes, jaxpr/hlo, bind, flat, shard, stream and export are
+    `Kernel`'s, over the program's `entries` / `assemble`.
     """
 
-    def __init__(self, *args: Any, layout: StructuredLayout, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.layout = layout
-        self._needs_assembly = layout.needs_assembly
-        #: batches above this many samples run this many at a time (`lax.map`); None: whole.
-        #: Set from the largest per-sample intermediate against the outputs (TILE_FROM_VALUES,
-        #: TILE_OVER_OUTPUT); settable before the first call of a shape (a shape already
-        #: compiled keeps its form).
-        self.tile_chunk: int | None = None
-        largest = self.largest_intermediate()
-        outputs = sum(math.prod(shape) for shape in self.equations.shapes)
-        if largest >= TILE_FROM_VALUES and largest >= TILE_OVER_OUTPUT * outputs:
-            self.tile_chunk = TILE_CHUNK
+    @property
+    def layout(self) -> StructuredLayout:
+        return self.program.layout
+
+    @property
+    def tile_chunk(self) -> int | None:
+        """Batches above this many samples run this many at a time (`lax.map`); None: whole.
+        Set from the largest per-sample intermediate against the outputs (TILE_FROM_VALUES,
+        TILE_OVER_OUTPUT), or by `BuildOptions.tile_chunk`; settable before the first call
+        of a shape (a shape already compiled keeps its form)."""
+        return self.program.tile_chunk
+
+    @tile_chunk.setter
+    def tile_chunk(self, chunk: int | None) -> None:
+        self.program.tile_chunk = chunk
 
     def largest_intermediate(self) -> int:
         """The most values an array computed from the data holds for one sample."""
-        specs = [jax.ShapeDtypeStruct(spec.shape, self.dtype) for spec in self.signature.data]
-        leaves = [jax.ShapeDtypeStruct(spec.shape, self.dtype)
-                  for spec in self.signature.parameters]
-        jaxpr = jax.make_jaxpr(self._shaped_pieces, static_argnums=(3,))(
-            self._const_values, tuple(specs), tuple(leaves), ()).jaxpr
-        first = len(self._const_values)
-        per_sample = set(jaxpr.invars[first:first + len(specs)])
-        largest = 0
-        for eqn in jaxpr.eqns:  # in order: an equation reads only what came before it
-            if any(var in per_sample for var in eqn.invars if isinstance(var, Var)):
-                per_sample.update(eqn.outvars)
-                largest = max([largest, *(math.prod(var.aval.shape) for var in eqn.outvars)])
-        return largest
+        return self.program.largest_intermediate()
 
-    def _compute(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
-        batch_shape = self._batch_shape_of(data)
-        chunk = self.tile_chunk
-        if (chunk is None or not all(isinstance(n, int) for n in batch_shape)
-                or math.prod(batch_shape) <= chunk):
-            return self._shaped_pieces(const_args, data, parameter_leaves, batch_shape)
-        size = math.prod(batch_shape)
-        count = -(-size // chunk)
-        tiles = []
-        for spec, array in zip(self.signature.data, data, strict=True):
-            flat = jnp.reshape(array, (size, *spec.shape))
-            if count * chunk != size:  # padded with the last sample: real values, no NaN
-                flat = jnp.pad(flat, [(0, count * chunk - size)] + [(0, 0)] * len(spec.shape),
-                               mode="edge")
-            tiles.append(flat.reshape((count, chunk, *spec.shape)))
-        out = jax.lax.map(lambda tile: self._shaped_pieces(const_args, tuple(tile),
-                                                           parameter_leaves, (chunk,)),
-                          tuple(tiles))
-        return tuple(piece.reshape((count * chunk, *piece.shape[2:]))[:size]
-                     .reshape(batch_shape + piece.shape[2:]) for piece in out)
 
-    def _shaped_pieces(self, const_args: tuple, data: tuple, parameter_leaves: tuple,
-                       batch_shape: tuple) -> tuple:
-        """The function's pieces, each broadcast to `batch_shape` (+ its leaf's shape)."""
-        arguments = self._function_arguments(const_args, data, parameter_leaves)
-        pieces = list(self._function(*arguments))
-        shaped = []
-        for leaf in self.layout.leaves:
-            shape = batch_shape if leaf.stacked else batch_shape + tuple(leaf.shape)
-            for piece in pieces[leaf.start:leaf.start + leaf.count]:
-                shaped.append(jnp.broadcast_to(jnp.asarray(piece, self.dtype), shape))
-        return tuple(shaped)
-
-    def _assemble(self, entries: tuple) -> Any:
-        leaves = []
-        for leaf in self.layout.leaves:
-            chunk = entries[leaf.start:leaf.start + leaf.count]
-            if leaf.stacked:
-                batch_shape = tuple(np.shape(chunk[0]))
-                leaves.append(jnp.stack(chunk, axis=-1).reshape(batch_shape + tuple(leaf.shape)))
-            else:
-                leaves.append(chunk[0])
-        return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
-
-    def __repr__(self) -> str:
-        return "Structured" + super().__repr__()
+def _tile_chunk(program: StructuredProgram) -> int | None:
+    largest = program.largest_intermediate()
+    outputs = sum(math.prod(shape) for shape in program.equations.shapes)
+    if largest >= TILE_FROM_VALUES and largest >= TILE_OVER_OUTPUT * outputs:
+        return TILE_CHUNK
+    return None
 
 
 def _network_parameter_specs(snn: StructuredNetwork, extra: Any) -> tuple[list[ArgumentSpec], Any]:
@@ -165,9 +116,10 @@ def build_structured_function(
     snn: StructuredNetwork,
     *more_data: Any,
     params: Any = None,
-    cse: bool = True,
-    dtype: Any = None,
-    embed_max_bytes: int = 32,
+    cse: bool = UNSET,
+    dtype: Any = UNSET,
+    embed_max_bytes: int = UNSET,
+    options: BuildOptions | None = None,
 ) -> StructuredKernel:
     """Compile equations over a structured network into a batched kernel.
 
@@ -190,17 +142,20 @@ def build_structured_function(
     """
     if not isinstance(snn, StructuredNetwork):
         raise BuildError(f"snn: expected a StructuredNetwork, got {type(snn).__name__}")
-    if not isinstance(cse, bool):
-        raise BuildError(f"cse: expected True or False, got {cse!r}")
-    resolved_dtype = resolve_dtype(dtype)
+    chosen = build_options(options, cse=cse, embed_max_bytes=embed_max_bytes,
+                           dtype=None if dtype is UNSET else dtype)
+    resolved_dtype = resolve_dtype(chosen.dtype)
+    chosen = chosen.resolved(resolved_dtype)
     start = time.perf_counter()
     data = [data_argument(arg, k + 1) for k, arg in enumerate((snn.input, *more_data))]
     parameters, treedef = _network_parameter_specs(snn, params)
     check_unique_symbols(data + [spec for spec in parameters if spec.entries])
     plan = plan_structured(eqs, snn)
-    code = generate_structured(plan, data, parameters, cse=cse,
-                               embed_max_bytes=embed_max_bytes, dtype=resolved_dtype)
-    generated = code.generated
+    code = generate_structured(plan, data, parameters, cse=chosen.cse,
+                               embed_max_bytes=chosen.embed_max_bytes, dtype=resolved_dtype)
+    # entries stacked in one executable: a structured body's leaves are whole arrays, and
+    # its scalar entries few (the formulas around the network)
+    generated = dataclasses.replace(code.generated, assembly=chosen.assembly or FUSED)
     const_args = [ConstArg(literal.name, jax.device_put(literal.value),
                            "array literal in a formula around the network (hoist_array_literals)")
                   for literal in generated.literals]
@@ -214,8 +169,10 @@ def build_structured_function(
     equations = EquationSet(tuple(_described(leaf) for leaf in plan.leaves),
                             tuple(leaf.shape for leaf in plan.leaves), plan.treedef,
                             tuple(leaf.label for leaf in plan.leaves))
-    return StructuredKernel(generated, function, signature, equations, timings, tuple(const_args),
-                            layout=code.layout)
+    program = StructuredProgram(generated, function, signature, equations,
+                                tuple(c.value for c in const_args), code.layout)
+    program.tile_chunk = chosen.tile_chunk or _tile_chunk(program)
+    return StructuredKernel(program, timings, tuple(const_args), options=chosen)
 
 
 def _described(leaf: Any) -> sp.Basic:

@@ -50,10 +50,10 @@ import numpy as np
 from symkern.codegen.rules import (
     DATA_NAME,
     HoistedLiteral,
-    _entries,
-    _function,
-    _return,
-    _single_assignments,
+    kernel_function,
+    return_statement,
+    returned_entries,
+    single_assignments,
 )
 
 RULE = "contract_linear_forms"
@@ -281,8 +281,8 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype, hoisted: list[Hoi
     args (`_li0, …`, after the existing ones). Returns what it built, or None, leaving
     `module` and `hoisted` untouched, when the body is not a straight-line scalar body or no
     group is large enough."""
-    function = _function(module, RULE)
-    body_found = _single_assignments(function, RULE)
+    function = kernel_function(module, RULE)
+    body_found = single_assignments(function, RULE)
     if body_found is None:
         return None  # vectorized, a name assigned twice, or a form this rule does not know
     statements, returned = body_found
@@ -310,7 +310,7 @@ def contract_linear_forms(module: ast.Module, dtype: np.dtype, hoisted: list[Hoi
         if any(body.index.get(n, -1) >= first for n in needed):
             continue  # an input or coefficient defined after the first member
         chosen.append((first, inputs, members))
-    entries = _entries(returned.value)
+    entries = returned_entries(returned.value)
     if not chain_rule:
         chosen = _kept_as_blocks(chosen, forms, statements, entries, body, uses)
     if not chosen:
@@ -569,8 +569,8 @@ def tile(module: ast.Module) -> bool:
     stay in cache. Returns False, leaving `module` alone, when the body reads a data
     argument anywhere but in its leading reads.
     """
-    function = _function(module, RULE)
-    returned = _return(function, RULE)
+    function = kernel_function(module, RULE)
+    returned = return_statement(function, RULE)
     data = {a.arg for a in function.args.args if DATA_NAME.match(a.arg)}
     statements = function.body[:-1]
     reads = 0
@@ -582,7 +582,7 @@ def tile(module: ast.Module) -> bool:
                         for statement in [*rest, returned] for n in ast.walk(statement)):
         return False
     names = [s.targets[0].id for s in statements[:reads]]  # type: ignore[attr-defined]
-    entries = _entries(returned.value)
+    entries = returned_entries(returned.value)
     count = len(entries)
     header = [f"{name} = {TILE_ROWS}[{k}]" for k, name in enumerate(names)]
     outputs = ", ".join(f"jnp.broadcast_to({ast.unparse(e)}, {TILE_ROWS}.shape[1:])"

@@ -119,7 +119,7 @@ def _float_literal(number: sp.Rational) -> str:
     return repr(value) if value >= 0 else f"({value!r})"
 
 
-def _printer(user_functions: Mapping[str, str]) -> JaxPrinter:
+def jax_printer(user_functions: Mapping[str, str]) -> JaxPrinter:
     # The settings sympy.lambdify passes for modules="jax"; printing function names bare
     # (not fully qualified) is what resolve_callees normalises. Undefined functions are
     # printed under generated names, so a user's function name never becomes code.
@@ -171,7 +171,7 @@ def without_dirac_delta(exprs: list[Any], nodes: Sequence[sp.Basic] | None = Non
     return [expr.xreplace(deltas) for expr in exprs] if deltas else exprs
 
 
-def _check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) -> list[str]:
+def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) -> list[str]:
     """Unsupported SymPy functions raise; undefined ones must be in `functions`."""
     undefined: dict[str, None] = {}
     for node in nodes:
@@ -292,7 +292,7 @@ def emit(
     leaves = without_dirac_delta(written, nodes)
     if leaves is not written:
         nodes = list(walk(leaves))
-    undefined = _check_functions(nodes, functions)
+    undefined = check_functions(nodes, functions)
     _check_free_symbols(nodes, arguments)
 
     substitutions: dict[sp.Basic, sp.Basic] = {}
@@ -330,7 +330,7 @@ def _print(equations, leaves, assignments, reduced, substitutions, printed_argum
         raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
     try:
         source = _EvaluatorPrinter(
-            _printer({name: generated for generated, name in user_functions.items()}), False
+            jax_printer({name: generated for generated, name in user_functions.items()}), False
         ).doprint(FUNCTION_NAME, printed_arguments, tuple(leaves), cses=assignments)
     except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
         raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error

@@ -23,7 +23,7 @@ import copy
 from collections.abc import Sequence
 
 from symkern.codegen.operations import count_and_reads
-from symkern.codegen.rules import KERNEL_NAME, _entries, _function, _single_assignments
+from symkern.codegen.rules import KERNEL_NAME, kernel_function, returned_entries, single_assignments
 from symkern.errors import CodegenDriftError
 
 #: `jnp.<name>` calls that cost a polynomial evaluation or more per element
@@ -109,11 +109,11 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
 
     Values that depend on each other go to successive levels, one conditional each.
     """
-    function = _function(module, RULE)
+    function = kernel_function(module, RULE)
     if function.name != KERNEL_NAME:
         raise CodegenDriftError(f"{RULE}: expected the function {KERNEL_NAME}(...), "
                                 f"found {function.name}")
-    body = _single_assignments(function, RULE)
+    body = single_assignments(function, RULE)
     if body is None or not data_names:
         return None
     statements, ret = body
@@ -126,7 +126,7 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
         batched[k] = bool(read & data) or any(batched[index[r]] for r in read if r in index)
     # which entries each local reaches: a bit per entry, propagated backwards
     reach = [0] * len(statements)
-    for e, entry in enumerate(_entries(ret.value)):
+    for e, entry in enumerate(returned_entries(ret.value)):
         for r in count_and_reads(entry)[1]:
             if r in index:
                 reach[index[r]] |= 1 << e
@@ -171,7 +171,7 @@ def materialize_shared(module: ast.Module, data_names: Sequence[str]) -> ast.Mod
         definition.body[:0] = inner  # type: ignore[attr-defined]
         prelude.append(definition)
         prelude.append(ast.parse(f"({outputs},) = lax.cond({PREDICATE}, {stage}, {stage})").body[0])
-    live = set().union(*(count_and_reads(e)[1] for e in _entries(ret.value)))
+    live = set().union(*(count_and_reads(e)[1] for e in returned_entries(ret.value)))
     rest: list[ast.stmt] = []
     for k in range(len(statements) - 1, -1, -1):  # what the entries still read, in order
         if names[k] in live and k not in level:

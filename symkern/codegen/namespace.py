@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
-from symkern.codegen import trig, vecops
+from symkern.codegen import special, trig, vecops
 
 
 @jax.custom_jvp
@@ -38,20 +38,18 @@ def _gate_jvp(primals, tangents):
     return primal, jnp.where(taken, tangent, jnp.zeros_like(tangent))
 
 
-def kernel_namespace(functions: dict | None = None, vectorized_trig: bool = False) -> dict:
-    """The globals a kernel runs with: jnp, lax, jsp, gate, vec and the user's functions.
-
-    With `vectorized_trig`, the code's `jnp.sin` and `jnp.cos` are symkern.codegen.trig's
-    (`trig.wanted` decides, per kernel).
-    """
+def kernel_namespace(functions: dict | None = None) -> dict:
+    """The globals a kernel runs with: jnp, lax, jsp, gate, vec, trig and the user's functions."""
     return {
         # No builtin the generated code could name (the rules admit no such name), but C
         # extensions called from a kernel's frame import lazily through that frame's
         # builtins (PyImport_Import), so the import hook itself must be there.
         "__builtins__": {"__import__": builtins.__import__},
-        "jnp": trig.NUMPY if vectorized_trig else jnp,
+        "jnp": jnp,
+        "trig": trig.NAMESPACE,
         "lax": lax,
         "jsp": jsp,
+        "special": special,
         "gate": gate,
         "vec": vecops,
         "functions": dict(functions or {}),

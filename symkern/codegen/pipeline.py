@@ -20,13 +20,22 @@ from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 @dataclass(frozen=True)
 class GeneratedCode:
-    """The product of stages 1 and 2: SymPy's source, the rewritten tree and its source."""
+    """The product of stages 1 and 2: SymPy's source, the rewritten tree and its source.
+
+    The passes of symkern.codegen.passes carry it on: `form` is the body's form (one of
+    `passes.FORMS`: "scalar" as the rules leave it), `assembly` how its matrix-shaped outputs
+    are assembled (None until `decide_assembly`), `polynomial_trig` whether its sin and cos
+    are symkern.codegen.trig's.
+    """
 
     upstream: EmittedCode
     module: ast.Module
     source: str
     timings: Mapping[str, float] = field(default_factory=dict)
     literals: tuple[rules.HoistedLiteral, ...] = ()
+    form: str = "scalar"
+    assembly: str | None = None
+    polynomial_trig: bool = False
 
     def __str__(self) -> str:
         return self.source

@@ -43,7 +43,7 @@ def _callee(func: ast.expr, rule: str) -> CalleeName:
         raise CodegenDriftError(f"{rule}: {str(error).removeprefix('callee_name: ')}") from error
 
 
-def _function(module: ast.Module, rule: str) -> ast.FunctionDef:
+def kernel_function(module: ast.Module, rule: str) -> ast.FunctionDef:
     functions = [node for node in module.body if isinstance(node, ast.FunctionDef)]
     if len(module.body) != 1 or len(functions) != 1:
         found = ", ".join(type(node).__name__ for node in module.body) or "nothing"
@@ -51,18 +51,18 @@ def _function(module: ast.Module, rule: str) -> ast.FunctionDef:
     return functions[0]
 
 
-def _return(function: ast.FunctionDef, rule: str) -> ast.Return:
+def return_statement(function: ast.FunctionDef, rule: str) -> ast.Return:
     last = function.body[-1]
     if not isinstance(last, ast.Return) or last.value is None:
         raise _drift(rule, "the function to end in `return <value>`", ast.unparse(last))
     return last
 
 
-def _single_assignments(function: ast.FunctionDef,
+def single_assignments(function: ast.FunctionDef,
                         rule: str) -> tuple[list[ast.Assign], ast.Return] | None:
     """The statements before the return and the return, when each statement assigns one
     name and no name twice; None for any other body (vectorized, tiled, materialized)."""
-    ret = _return(function, rule)
+    ret = return_statement(function, rule)
     statements = function.body[:-1]
     names = set()
     for statement in statements:
@@ -75,7 +75,7 @@ def _single_assignments(function: ast.FunctionDef,
     return statements, ret  # type: ignore[return-value]
 
 
-def _entries(result: ast.expr) -> list[ast.expr]:
+def returned_entries(result: ast.expr) -> list[ast.expr]:
     """The returned entries: a tuple's elements, or the one value."""
     return list(result.elts) if isinstance(result, ast.Tuple) else [result]
 
@@ -112,7 +112,7 @@ def substitute_arguments(
     leaf `k` is read as its access path `ps["L1"]["W"]`.
     """
     rule = "substitute_arguments"
-    function = _function(module, rule)
+    function = kernel_function(module, rule)
     found = [arg.arg for arg in function.args.args]
     arguments = function.args
     if (found != list(argument_names) or arguments.vararg or arguments.kwarg
@@ -198,7 +198,7 @@ def resolve_callees(module: ast.Module, user_functions: Mapping[str, str]) -> as
     print that way.
     """
     rule = "resolve_callees"
-    function = _function(module, rule)
+    function = kernel_function(module, rule)
     local = _local_names(function)
 
     class Resolve(ast.NodeTransformer):
@@ -335,7 +335,7 @@ def hoist_data_reads(module: ast.Module) -> ast.Module:
     locals are numbered in argument and index order, so the source reads top-down.
     """
     rule = "hoist_data_reads"
-    function = _function(module, rule)
+    function = kernel_function(module, rule)
     found = {}
     for node in ast.walk(function):
         read = _batched_read(node)
@@ -378,7 +378,7 @@ def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
     `_bK == k`: an untaken branch then contributes an exact zero, never a NaN, to a gradient.
     """
     rule = "guard_piecewise_gradients"
-    function = _function(module, rule)
+    function = kernel_function(module, rule)
     counter = iter(range(1 << 30))
     new_body: list[ast.stmt] = []
 
@@ -448,8 +448,8 @@ def stack_outputs(module: ast.Module, printed_shapes: Sequence[Sequence[int]]) -
     body: a stack inside it measured 100× slower (ANCHORS.md).
     """
     rule = "stack_outputs"
-    function = _function(module, rule)
-    returned = _return(function, rule)
+    function = kernel_function(module, rule)
+    returned = return_statement(function, rule)
     if not isinstance(returned.value, ast.Tuple) or len(returned.value.elts) != len(printed_shapes):
         raise _drift(rule, f"a tuple of {len(printed_shapes)} outputs", ast.unparse(returned.value)[:200])
     entries: list[ast.expr] = []
@@ -477,8 +477,8 @@ def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) ->
     batch shape is read off `x1` (its shape less the per-sample dimensions).
     """
     rule = "broadcast_constant_outputs"
-    function = _function(module, rule)
-    returned = _return(function, rule)
+    function = kernel_function(module, rule)
+    returned = return_statement(function, rule)
     if not data_ranks:
         return module
     if not isinstance(returned.value, ast.Tuple):
@@ -509,24 +509,24 @@ class HoistedLiteral:
     used_by: tuple[int, ...]
 
 
-def _literal_value(node: ast.expr) -> object | None:
+def literal_value(node: ast.expr) -> object | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
             and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _literal_value(node.operand)
+        inner = literal_value(node.operand)
         return None if inner is None else -inner
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         # SymPy prints rationals as `1/3`
-        left, right = _literal_value(node.left), _literal_value(node.right)
+        left, right = literal_value(node.left), literal_value(node.right)
         return None if left is None or right is None else left / right
     if isinstance(node, (ast.List, ast.Tuple)):
-        values = [_literal_value(element) for element in node.elts]
+        values = [literal_value(element) for element in node.elts]
         return None if any(v is None for v in values) else values
     return None
 
 
-def _output_dependencies(function: ast.FunctionDef, names: set[str]) -> dict[str, set[int]]:
+def output_dependencies(function: ast.FunctionDef, names: set[str]) -> dict[str, set[int]]:
     """For each name in `names`: the flat output positions whose value reads it."""
     reads: dict[str, set[str]] = {}
     for statement in function.body[:-1]:
@@ -568,7 +568,7 @@ def hoist_array_literals(
     twice is one const arg. The values are appended to `hoisted`, in signature order.
     """
     rule = "hoist_array_literals"
-    function = _function(module, rule)
+    function = kernel_function(module, rule)
     by_content: dict[tuple, str] = {}
     values: dict[str, np.ndarray] = {}
 
@@ -577,7 +577,7 @@ def hoist_array_literals(
             self.generic_visit(node)
             if _callee(node.func, rule).name != "array" or len(node.args) != 1:
                 return node
-            literal = _literal_value(node.args[0])
+            literal = literal_value(node.args[0])
             if literal is None:
                 return node
             value = np.asarray(literal, dtype=dtype)
@@ -593,7 +593,7 @@ def hoist_array_literals(
     function.body = [Hoist().visit(statement) for statement in function.body]
     if not by_content:
         return module
-    dependencies = _output_dependencies(function, set(values))
+    dependencies = output_dependencies(function, set(values))
     for name, value in values.items():
         hoisted.append(HoistedLiteral(name, value, tuple(sorted(dependencies[name]))))
     function.args.args = [ast.arg(name) for name in values] + function.args.args

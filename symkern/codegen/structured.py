@@ -32,8 +32,8 @@ from symkern.codegen.emit import (
     CSE_PREFIX,
     FUNCTION_NAME,
     EmittedCode,
-    _check_functions,
-    _printer,
+    check_functions,
+    jax_printer,
     without_dirac_delta,
 )
 from symkern.codegen.pipeline import FLOAT32, GeneratedCode, generate, print_source
@@ -104,9 +104,9 @@ def activation_template(forms: ActivationForms, orders: int) -> ActivationTempla
     argument = sp.Symbol("_a0")  # a generated name: the user's activation never names code
     exprs = [forms.value, forms.first, forms.second][: orders + 1]
     exprs = without_dirac_delta([e.xreplace({forms.variable: argument}) for e in exprs])
-    _check_functions(list(rules_walk(exprs)), {})
+    check_functions(list(rules_walk(exprs)), {})
     replacements, reduced = sp.cse(exprs, symbols=sp.numbered_symbols(CSE_PREFIX), list=True)
-    source = _EvaluatorPrinter(_printer({}), False).doprint(
+    source = _EvaluatorPrinter(jax_printer({}), False).doprint(
         FUNCTION_NAME, [argument], tuple(reduced), cses=replacements)
     module = rules.use_integer_pow(rules.resolve_callees(
         rules.unfold_reductions(ast.parse(source)), {}))  # relu: Max prints as reduce(...)
@@ -609,7 +609,7 @@ def generate_structured(
             spec = ArgumentSpec("placeholder", shape, tuple(matrix))
             if key.startswith("hessian"):
                 k = int(key[len("hessian"):])
-                value: ast.expr = array_expr(Index(Ref(program._name("H")), (k, ":", ":")))
+                value: ast.expr = array_expr(Index(Ref(program.local_name("H")), (k, ":", ":")))
             else:
                 value = copy.deepcopy(quantities[(a, key)])
             extra.append((spec, value))
@@ -657,7 +657,7 @@ def generate_structured(
     for leaf in plan.leaves:
         if leaf.kind == "array":
             if isinstance(leaf.quantity, tuple):  # ("hessian", k)
-                value = array_expr(Index(Ref(programs[leaf.application]._name("H")),
+                value = array_expr(Index(Ref(programs[leaf.application].local_name("H")),
                                          (leaf.quantity[1], ":", ":")))
             else:
                 value = copy.deepcopy(quantities[(leaf.application, leaf.quantity)])
@@ -704,6 +704,6 @@ def generate_structured(
     emitted = EmittedCode(upstream_source, ())
     generated = GeneratedCode(emitted, module, source,
                               {"emit": emitted_at - start, "rewrite": time.perf_counter() - emitted_at},
-                              tuple(literals))
+                              tuple(literals), form="structured")
     return StructuredCode(generated, StructuredLayout(tuple(layout)), data_ranks)
 

@@ -1,40 +1,37 @@
 """codegen, stage 3 helper: sin and cos that XLA's CPU backend can vectorize.
 
-Imports jax, numpy and symkern.errors.
+Imports ast, jax and numpy.
 
 XLA computes float32 sin and cos on the CPU by calling the C library once per element:
 ~4-5 ns an element at 10^7 elements, where exp and tanh (polynomials XLA vectorizes) cost
 ~0.5 ns over a multiply-add, and a call in a loop keeps the rest of the loop's arithmetic
-from being vectorized too (`benchmarks/experiments/fast_trig.py`,
-docs/design/trig.md). Here each call site of a large float32 batch computes
+from being vectorized too (`benchmarks/experiments/fast_trig.py`, docs/design/trig.md).
+The `polynomial_trig` pass (symkern.codegen.passes) rewrites a kernel's `jnp.sin(x)` and
+`jnp.cos(x)` to `trig.sin(x)` and `trig.cos(x)`, visibly in `kernel.source`, which compute
+each element by itself:
 
-    lax.cond(max |x| <= FAST_UP_TO, polynomial, jnp.sin / jnp.cos, x)
-
-- **polynomial**: a Cody-Waite reduction by pi/2 in four float32 parts of 12 significant bits
-  (k = round(x * 2/pi) < 2^12, so every k * part is exact), then Cephes' sinf / cosf minimax
-  polynomials on [-pi/4, pi/4]; within 2 ulps of the exact value on |x| <= FAST_UP_TO
+- **|x| <= FAST_UP_TO**: a Cody-Waite reduction by pi/2 in four float32 parts of 12
+  significant bits (k = round(x * 2/pi) < 2^12, so every k * part is exact), then Cephes'
+  sinf / cosf minimax polynomials on [-pi/4, pi/4]; within 2 ulps of the exact value
   (tests/codegen/test_trig.py checks against mpmath), where the C library is within 0.56;
-- **the fallback**: a batch with any |x| above FAST_UP_TO or an infinity at a call site takes
-  jnp.sin / jnp.cos for that call: values are XLA's there, never the polynomial's outside
-  its range (a NaN argument gives NaN either way, and XLA's CPU max may skip it);
-- **its own fusion**: the conditional makes each call one small vectorized loop, and the rest of
-  the body a loop without library calls. Measured at 100,000 samples: the double pendulum
-  4.1x, the 3-link pendulum on a cart 1.7x (docs/design/trig.md).
+- **any other element** (larger, infinite or NaN): `jnp.sin` / `jnp.cos`, the library's value.
 
-Only where it pays and costs little to compile: a kernel's code with at most
-VECTORIZED_UP_TO_CALLS sin/cos calls (each call compiles two branches: a generated
-10^3-operation expression with 194 calls took 6.4 s instead of 1.1), call sites of at least
-VECTORIZED_FROM float32 elements of a known size (smaller batches, a kernel's first call at
-1,024 samples among them, and `kernel.export`'s symbolic batch compile and run as before),
-the CPU backend, and unless
-`SYMKERN_VECTORIZED_TRIG=0`. Derivatives are the other function at the same site (custom JVP).
+An element's value depends on that element alone, never on the batch it is in or on its
+size. The library is evaluated only when some element of the call needs it
+(`lax.cond(any(|x| > FAST_UP_TO), both, polynomial)`): the condition decides what is
+computed, not what a sample gets. Measured at 100,000 samples: the double pendulum 4.1x, the
+3-link pendulum on a cart 1.7x.
+
+Where it applies (`applies`): float32 kernels built for the CPU whose code calls sin and cos
+at most POLYNOMIAL_UP_TO_CALLS times (each call compiles two branches: a generated
+10^3-operation expression with 194 calls took 6.4 s to compile instead of 1.1).
+Derivatives are the other function at the same site (custom JVP).
 """
 
 from __future__ import annotations
 
 import ast
-import math
-import os
+import copy
 from typing import Any
 
 import jax
@@ -42,16 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from symkern.errors import BuildError
-
 #: the polynomial's argument range: k = round(x * 2/pi) <= 2608 < 2^12
 FAST_UP_TO = np.float32(4096.0)
-#: call sites of fewer float32 elements keep jnp.sin / jnp.cos
-VECTORIZED_FROM = 4096
 #: kernels whose code calls sin and cos more often than this keep jnp.sin / jnp.cos
-VECTORIZED_UP_TO_CALLS = 32
-#: environment variable: "0" keeps jnp.sin / jnp.cos everywhere, "1" (or unset) chooses
-VECTORIZED_TRIG_ENV = "SYMKERN_VECTORIZED_TRIG"
+POLYNOMIAL_UP_TO_CALLS = 32
 
 _TWO_OVER_PI = np.float32(2 / np.pi)
 #: pi/2 = sum of these float32 parts, the first three of 12 significant bits (each k * part
@@ -80,33 +71,25 @@ def polynomial(x: Any, quarter_turns: int) -> Any:
     return jnp.where(quadrant >= 2, -value, value)
 
 
-def _vectorizes(x: Any) -> bool:
-    """Whether a call site takes the conditional: a float32 array of VECTORIZED_FROM
-    elements or more, traced for the CPU. A symbolic batch dimension (`kernel.export`)
-    keeps the library: the size is not known until the exported kernel runs."""
-    if getattr(x, "dtype", None) != np.float32 or jax.default_backend() != "cpu":
-        return False
-    shape = np.shape(x)
-    return (all(isinstance(d, (int, np.integer)) for d in shape)
-            and math.prod(shape) >= VECTORIZED_FROM)
-
-
 def _site(x: Any, quarter_turns: int, library: Any) -> Any:
-    if not _vectorizes(x):
+    x = jnp.asarray(x)
+    if x.dtype != np.float32:
         return library(x)
-    return lax.cond(jnp.max(jnp.abs(x)) <= FAST_UP_TO,
-                    lambda v: polynomial(v, quarter_turns), library, x)
+    fast = polynomial(x, quarter_turns)
+    # NaN compares False: it takes the library too
+    beyond = jnp.logical_not(jnp.abs(x) <= FAST_UP_TO)
+    return lax.cond(jnp.any(beyond), lambda: jnp.where(beyond, library(x), fast), lambda: fast)
 
 
 @jax.custom_jvp
 def sin(x: Any) -> Any:
-    """jnp.sin, by the polynomial where a large float32 batch's arguments allow it."""
+    """sin(x), each float32 element by the polynomial within FAST_UP_TO, else jnp.sin."""
     return _site(x, 0, jnp.sin)
 
 
 @jax.custom_jvp
 def cos(x: Any) -> Any:
-    """jnp.cos, by the polynomial where a large float32 batch's arguments allow it."""
+    """cos(x), each float32 element by the polynomial within FAST_UP_TO, else jnp.cos."""
     return _site(x, 1, jnp.cos)
 
 
@@ -122,37 +105,45 @@ def _cos_jvp(primals: tuple, tangents: tuple) -> tuple:
     return cos(x), -sin(x) * t
 
 
-class VectorizedTrigNumpy:
-    """jax.numpy as a kernel's code reads it, with `sin` and `cos` from this module."""
+class TrigNamespace:
+    """What a kernel's code reads as `trig`: this module's `sin` and `cos`."""
 
     sin = staticmethod(sin)
     cos = staticmethod(cos)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(jnp, name)
-
     def __repr__(self) -> str:
-        return "<jax.numpy, sin and cos from symkern.codegen.trig>"
+        return "<sin and cos from symkern.codegen.trig>"
 
 
-#: the one instance every kernel namespace with vectorized sin and cos holds (no state)
-NUMPY = VectorizedTrigNumpy()
+#: the one instance every kernel namespace holds as `trig` (no state)
+NAMESPACE = TrigNamespace()
+
+
+def _is_library_call(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("sin", "cos") and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "jnp")
 
 
 def trig_calls(module: ast.Module) -> int:
     """How many `jnp.sin(...)` and `jnp.cos(...)` calls a kernel's code makes."""
-    return sum(1 for node in ast.walk(module)
-               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-               and node.func.attr in ("sin", "cos") and isinstance(node.func.value, ast.Name)
-               and node.func.value.id == "jnp")
+    return sum(1 for node in ast.walk(module) if _is_library_call(node))
 
 
-def wanted(module: ast.Module) -> bool:
-    """Whether a kernel's code gets the vectorized sin and cos (see the module docstring)."""
-    setting = os.environ.get(VECTORIZED_TRIG_ENV, "").strip()
-    if setting not in ("", "0", "1"):
-        raise BuildError(f"{VECTORIZED_TRIG_ENV}: expected 1 (vectorized sin and cos where "
-                         f"they pay) or 0 (jnp.sin and jnp.cos everywhere), got {setting!r}")
-    if setting == "0":
-        return False
-    return 0 < trig_calls(module) <= VECTORIZED_UP_TO_CALLS
+def applies(module: ast.Module, dtype: np.dtype, backend: str) -> bool:
+    """Whether a kernel's code gets the polynomial sin and cos (see the module docstring)."""
+    return (np.dtype(dtype) == np.float32 and backend == "cpu"
+            and 0 < trig_calls(module) <= POLYNOMIAL_UP_TO_CALLS)
+
+
+class _UsePolynomial(ast.NodeTransformer):
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if _is_library_call(node):
+            node.func = ast.Attribute(ast.Name("trig", ast.Load()), node.func.attr, ast.Load())
+        return node
+
+
+def use_polynomial(module: ast.Module) -> ast.Module:
+    """A copy of `module` with `jnp.sin(...)` / `jnp.cos(...)` as `trig.sin(...)` / `trig.cos(...)`."""
+    return ast.fix_missing_locations(_UsePolynomial().visit(copy.deepcopy(module)))

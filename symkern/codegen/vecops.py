@@ -55,9 +55,20 @@ def masked_sum(value: Any, mask: Any) -> Any:
     return jnp.sum(_masked(value, mask, 0), axis=mask.ndim - 1)
 
 
+def prod(value: Any, axis: int) -> Any:
+    """The product over `axis` (of a few instances, at most SCAN_ABOVE) as a chain of
+    multiplies. `jnp.prod`'s derivative reads the array's shape, which an exported
+    kernel's symbolic batch does not have; a multiply's does not."""
+    parts = jnp.moveaxis(value, axis, 0)
+    out = parts[0]
+    for k in range(1, parts.shape[0]):
+        out = out * parts[k]
+    return out
+
+
 def masked_prod(value: Any, mask: Any) -> Any:
     """Product over the last index axis of the present instances only."""
-    return jnp.prod(_masked(value, mask, 1), axis=mask.ndim - 1)
+    return prod(_masked(value, mask, 1), mask.ndim - 1)
 
 
 def scan_reduce(kind: str, term: Callable[..., Any], tables: Sequence[Any], axis: int,

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from symkern.codegen.operations import operation_count
-from symkern.codegen.rules import DATA_NAME, HoistedLiteral, _function, _return
+from symkern.codegen.rules import DATA_NAME, HoistedLiteral, kernel_function, return_statement
 
 ROW = ("r",)
 SCALAR = ("s",)
@@ -413,7 +413,8 @@ class _Emitter:
                 terms.append(f"vec.scan_reduce({kind!r}, {term}, ({', '.join(used)},), "
                              f"{axis}{masked})")
             elif unmasked:
-                terms.append(f"jnp.{kind}({inner}, axis={axis})")
+                terms.append(f"jnp.sum({inner}, axis={axis})" if kind == "sum"
+                             else f"vec.prod({inner}, {axis})")
             else:
                 terms.append(f"vec.masked_{kind}({inner}, {self.table(mask)})")
         return "(" + (" + " if kind == "sum" else " * ").join(terms) + ")"
@@ -467,8 +468,8 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     shrink enough.
     """
     rule = "vectorize"
-    function = _function(module, rule)
-    returned = _return(function, rule)
+    function = kernel_function(module, rule)
+    returned = return_statement(function, rule)
     if not isinstance(returned.value, ast.Tuple):
         return None
     data_names = {a.arg for a in function.args.args if DATA_NAME.match(a.arg)}

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from symkern.codegen.callee import callee_name
-from symkern.codegen.rules import HoistedLiteral, _literal_value, _output_dependencies
+from symkern.codegen.rules import HoistedLiteral, literal_value, output_dependencies
 from symkern.errors import BuildError, CapturedConstantsWarning
 
 #: environment variable: total const-arg bytes above which a kernel build warns; -1 disables
@@ -125,7 +125,7 @@ def _sample_shape(node: ast.expr, literal_shapes: Mapping[str, tuple[int, ...]])
     if isinstance(node, ast.Name) and node.id in literal_shapes:
         return literal_shapes[node.id]
     if isinstance(node, ast.Call) and callee_name(node.func).name == "array" and node.args:
-        literal = _literal_value(node.args[0])
+        literal = literal_value(node.args[0])
         if literal is not None:
             return np.shape(literal)
     return ()
@@ -209,7 +209,7 @@ def hoist_captured_constants(
 
     function.body = [Rewrite().visit(statement) for statement in function.body]
     if captured:
-        dependencies = _output_dependencies(function, {c.name for c in captured})
+        dependencies = output_dependencies(function, {c.name for c in captured})
         captured = [dataclasses.replace(c, used_by=tuple(sorted(dependencies[c.name])))
                     for c in captured]
         position = len(literals)

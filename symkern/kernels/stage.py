@@ -10,7 +10,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from symkern.codegen import trig
 from symkern.codegen.namespace import kernel_namespace
 from symkern.codegen.rules import KERNEL_NAME
 
@@ -20,10 +19,9 @@ def compile_kernel(module: ast.Module, functions: Mapping[str, Callable] | None,
     """Turn the rewritten tree into a Python function.
 
     The code is ours (built rule by rule from SymPy's output, never from a user's text);
-    it runs in a namespace holding only the kernel namespace and no builtins. Its sin and
-    cos calls are symkern.codegen.trig's where `trig.wanted` says they pay.
+    it runs in a namespace holding only the kernel namespace and no builtins.
     """
-    namespace = kernel_namespace(dict(functions or {}), trig.wanted(module))
+    namespace = kernel_namespace(dict(functions or {}))
     # the rules leave new nodes without source positions; one pass here, not one per rule
     ast.fix_missing_locations(module)
     exec(compile(module, filename, "exec"), namespace)  # noqa: S102 - generated tree, no user text

@@ -155,6 +155,11 @@ expression, got 'swish'
         object.__setattr__(self, "n_out", _check_size(self.n_out, "n_out"))
         object.__setattr__(self, "_forms", _resolve_activation(self.activation))
 
+    @property
+    def forms(self) -> Activation:
+        """The activation as a SymPy function and as a JAX function."""
+        return self._forms
+
     def __repr__(self) -> str:
         return f"Dense({self.n_in}, {self.n_out}, {_activation_label(self.activation)})"
 

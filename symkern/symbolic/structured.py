@@ -81,9 +81,9 @@ class ActivationForms:
     @classmethod
     def of(cls, layer: Dense) -> ActivationForms:
         try:
-            return _activation_forms(layer.activation, layer._forms.sympy)
+            return _activation_forms(layer.activation, layer.forms.sympy)
         except TypeError:  # an unhashable callable activation: derive it afresh
-            return _activation_forms.__wrapped__(layer.activation, layer._forms.sympy)
+            return _activation_forms.__wrapped__(layer.activation, layer.forms.sympy)
 
     @property
     def is_identity(self) -> bool:
@@ -473,7 +473,9 @@ class NetworkProgram:
     def __repr__(self) -> str:
         return f"NetworkProgram({self.network!r}, {len(self.steps)} steps)"
 
-    def _name(self, stem: str) -> str:
+    def local_name(self, stem: str) -> str:
+        """The name a value of this program takes in the generated code (`H` → `H2`)."""
+        """The name of a value of this program in the generated code (`H` → `H_1`)."""
         return f"{stem}{self.suffix}"
 
     def _once(self, key: tuple, build: Any) -> Any:
@@ -482,7 +484,7 @@ class NetworkProgram:
         return self._memo[key]
 
     def _assign(self, stem: str, value: Any) -> Ref:
-        name = self._name(stem)
+        name = self.local_name(stem)
         self.steps.append(Assign(name, value))
         return Ref(name)
 
@@ -505,7 +507,7 @@ class NetworkProgram:
             wanted = [f"h{layer}",
                       None if self.orders < 1 or forms.first_is_one else f"d{layer}",
                       None if self.orders < 2 or forms.second_is_zero else f"s{layer}"]
-            targets = tuple(self._name(t) if t else None for t in wanted)
+            targets = tuple(self.local_name(t) if t else None for t in wanted)
             self.steps.append(Activate(z.name, targets, forms))
             return tuple(Ref(t) if t else None for t in targets)
         return self._once(("layer", layer), build)

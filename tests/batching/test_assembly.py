@@ -1,9 +1,9 @@
-"""How outputs are assembled above PROBE_FROM samples: measured once per kernel, same values.
+"""How outputs are assembled: decided at build time, the same at every batch size.
 
-Which of one executable (entries stacked inside) or two (entries, then assembly) is faster
-depends on the kernel (docs/benchmarks.md), so `Kernel._probe` times both on the first
-batch of PROBE_FROM samples or more. These tests hold what must not depend on the timing:
-the values, that the probe runs once, and that each choice computes the same thing.
+One executable (entries stacked inside) or two (entries, then assembly): the build decides
+from the body (symkern.codegen.passes.decide_assembly), `BuildOptions(assembly=...)` says
+so, and `kernel.tune(X, ps)` measures both and keeps the faster. Nothing depends on timing
+unless tune is called, and a sample's value never depends on the batch size.
 """
 
 import threading
@@ -15,14 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import symkern as sk
-from symkern.batching.kernel import PROBE_FROM
+from symkern.batching.kernel import TUNE_ROUNDS
 
 x0, x1, a = sp.symbols("x0 x1 a")
 EQS = {"v": sp.Matrix([sp.sin(x0) * a + x1, sp.tanh(x0 * x1), x1**2]), "s": sp.cos(x0) * a}
 
 
-def build():
-    return sk.build_function(EQS, [x0, x1], params={"a": a}, dtype="float64")
+def build(**options):
+    return sk.build_function(EQS, [x0, x1], params={"a": a}, dtype="float64",
+                             options=sk.BuildOptions(**options) if options else None)
 
 
 def reference(X, value):
@@ -37,56 +38,113 @@ def assert_reference(out, X, value):
         np.testing.assert_allclose(out[key], want[key], rtol=1e-13, atol=1e-13)
 
 
-def test_small_batches_do_not_probe():
+def test_the_assembly_is_decided_at_build_time_and_never_measured_by_a_call():
     kernel = build()
-    X = np.random.default_rng(0).normal(size=(PROBE_FROM - 1, 2))
-    assert_reference(kernel(X, {"a": 2.0}), X, 2.0)
-    assert kernel.assembly is None and "assembly_probe" not in kernel.timings
-
-
-def test_the_probe_runs_once_and_keeps_one_choice():
-    kernel = build()
+    assert kernel.assembly == "fused" and kernel.tuned is None
     rng = np.random.default_rng(1)
-    for n in (PROBE_FROM, 300, 2000, PROBE_FROM):
+    for n in (1, 63, 64, 65, 300, 2000):
         X = rng.normal(size=(n, 2))
         assert_reference(kernel(X, {"a": 0.5}), X, 0.5)
-        assert kernel.assembly in ("fused", "separate")
-    probed = kernel.timings["assembly_probe"]
-    kernel(rng.normal(size=(700, 2)), {"a": 0.5})
-    assert kernel.timings["assembly_probe"] == probed
+    assert kernel.assembly == "fused" and kernel.tuned is None
+    assert "tune" not in kernel.timings
 
 
-def test_the_probe_records_what_it_measured_and_chooses_by_it():
-    from symkern.batching.kernel import PROBE_ROUNDS
+@pytest.mark.parametrize("choice", ["fused", "separate"])
+def test_an_assembly_given_in_the_options_holds_at_every_batch(choice):
+    kernel = build(assembly=choice)
+    assert kernel.assembly == choice and kernel.options.assembly == choice
+    for n in (1, 64, 5000):
+        X = np.random.default_rng(n).normal(size=(n, 2))
+        assert_reference(kernel(X, {"a": 0.25}), X, 0.25)
+    assert kernel.assembly == choice
 
+
+def test_a_sample_gets_the_same_bits_in_every_batch_size():
+    kernel = sk.build_function(EQS, [x0, x1], params={"a": a})
+    X = np.random.default_rng(7).normal(size=(4097, 2)).astype(np.float32)
+    first = None
+    for n in (1, 8, 63, 64, 65, 1023, 1024, 1025, 4095, 4096, 4097):
+        out = kernel(X[:n], {"a": np.float32(0.5)})
+        head = {key: np.asarray(value)[:1] for key, value in out.items()}
+        if first is None:
+            first = head
+        for key in head:
+            np.testing.assert_array_equal(head[key], first[key])
+
+
+def test_tune_records_what_it_measured_and_chooses_by_it():
     kernel = build()
-    assert kernel.probe is None
     X = np.random.default_rng(4).normal(size=(300, 2))
-    kernel(X, {"a": 0.5})
-    probe = kernel.probe
-    assert probe["batch"] == 300 and probe["rounds"] >= PROBE_ROUNDS
-    assert 0 < probe["fused_s"] < kernel.timings["assembly_probe"]
-    assert 0 < probe["separate_s"] < kernel.timings["assembly_probe"]
-    faster = "fused" if probe["fused_s"] <= probe["separate_s"] else "separate"
-    assert kernel.assembly == faster
+    report = kernel.tune(X, {"a": 0.5})
+    assert report == kernel.tuned
+    assert report["batch"] == 300 and report["rounds"] >= TUNE_ROUNDS
+    assert 0 < report["fused_s"] < kernel.timings["tune"]
+    assert 0 < report["separate_s"] < kernel.timings["tune"]
+    faster = "fused" if report["fused_s"] <= report["separate_s"] else "separate"
+    assert kernel.assembly == faster == report["assembly"]
+    for n in (64, 300, 2000):  # every batch takes the tuned form, with the same values
+        X = np.random.default_rng(n).normal(size=(n, 2))
+        assert_reference(kernel(X, {"a": 0.5}), X, 0.5)
 
 
-def test_the_probe_compiles_each_form_once_and_later_calls_none(compile_events):
+@pytest.mark.parametrize("start", ["fused", "separate"])
+def test_tune_moves_shapes_that_ran_in_the_other_form(start, monkeypatch):
+    kernel = build(assembly=start)
+    X = np.random.default_rng(3).normal(size=(200, 2))
+    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
+    other = "separate" if start == "fused" else "fused"
+    import symkern.batching.kernel as kernel_module
+
+    # the other form always measures faster, so that the choice changes
+    monkeypatch.setattr(kernel_module.time, "perf_counter", _clock_favouring(kernel, other))
+    assert kernel.tune(X, {"a": 1.0})["assembly"] == other
+    monkeypatch.undo()
+    assert kernel.assembly == other and kernel.runs_fused == (other == "fused")
+    assert_reference(kernel(X, {"a": 2.0}), X, 2.0)
+    assert (tuple(X.shape) in kernel._direct_shapes) == (other == "fused")
+    assert (tuple(X.shape) in kernel._separate_shapes) == (other == "separate")
+
+
+def _clock_favouring(kernel, form):
+    """A perf_counter under which `form`'s runs in `tune` take no time and the other's 1 s."""
+    import time
+
+    state = {"now": time.perf_counter(), "calls": 0}
+
+    def clock():
+        state["calls"] += 1
+        state["now"] += 0.001
+        return state["now"]
+
+    original = kernel._execute_fused if form == "separate" else kernel._execute_separate
+
+    def slow(*args, **kwargs):
+        state["now"] += 1.0
+        return original(*args, **kwargs)
+
+    if form == "separate":
+        kernel._execute_fused = slow
+    else:
+        kernel._execute_separate = slow
+    return clock
+
+
+def test_tune_compiles_each_form_once_and_later_calls_none(compile_events):
     kernel = build()
     rng = np.random.default_rng(3)
-    X = rng.normal(size=(PROBE_FROM, 2))
-    assert_reference(kernel(X, {"a": 0.5}), X, 0.5)
+    X = rng.normal(size=(64, 2))
+    kernel.tune(X, {"a": 0.5})
     # one executable; the entries' and the assembly's (compiled together, before timing)
     assert sorted(compile_events) == ["jit(_assemble_entries)", "jit(_compute_arguments)",
                                       "jit(_evaluate_arguments)"]
     compile_events.clear()
     for value in (0.25, 3.0):
-        X = rng.normal(size=(PROBE_FROM, 2))
+        X = rng.normal(size=(64, 2))
         assert_reference(kernel(X, {"a": value}), X, value)
     assert compile_events == []
 
 
-def test_threads_racing_the_first_large_call_probe_once():
+def test_threads_racing_the_first_large_call_agree():
     kernel = build()
     X = np.random.default_rng(2).normal(size=(256, 2))
     results, barrier = [None] * 4, threading.Barrier(4)
@@ -102,17 +160,20 @@ def test_threads_racing_the_first_large_call_probe_once():
         thread.join()
     for k, out in enumerate(results):
         assert_reference(out, X, float(k))
-    assert kernel.assembly in ("fused", "separate")
 
 
-# one kernel per choice, set as if measured, shared by the examples
-KERNELS = {choice: build() for choice in ("fused", "separate")}
-for _choice, _kernel in KERNELS.items():
-    _kernel.assembly = _choice
+def test_a_kernel_with_nothing_to_assemble_is_not_tuned():
+    kernel = sk.build_function(sp.sin(x0) * a, [x0, x1], params={"a": a}, dtype="float64")
+    report = kernel.tune(np.zeros((100, 2)), {"a": 1.0})
+    assert report["rounds"] == 0 and kernel.tuned is None and kernel.runs_fused
+
+
+# one kernel per choice, shared by the examples
+KERNELS = {choice: build(assembly=choice) for choice in ("fused", "separate")}
 
 
 @settings(max_examples=10, deadline=None)
-@given(n=st.integers(PROBE_FROM, 3000), choice=st.sampled_from(["fused", "separate"]),
+@given(n=st.integers(1, 3000), choice=st.sampled_from(["fused", "separate"]),
        value=st.floats(-3, 3))
 def test_either_choice_computes_the_same_values(n, choice, value):
     kernel = KERNELS[choice]
@@ -122,8 +183,7 @@ def test_either_choice_computes_the_same_values(n, choice, value):
 
 @pytest.mark.parametrize("choice", ["fused", "separate"])
 def test_the_flat_form_follows_the_choice(choice):
-    kernel = build()
-    kernel.assembly = choice
+    kernel = build(assembly=choice)
     X = np.random.default_rng(3).normal(size=(500, 2))
     flat = kernel.flat()
     assert_reference(flat(X, kernel.flatten({"a": 1.25})), X, 1.25)
@@ -152,11 +212,11 @@ def test_both_stackings_of_the_assembly_agree_with_numpy(batch, seed):
         start += count
     want = dict(zip("mnsvw", leaves, strict=True))
     for transpose_up_to in (0, TRANSPOSED_ASSEMBLY_UP_TO, 99):
-        got = kernel._assemble(entries, transpose_up_to)
+        got = kernel.program.assemble(entries, transpose_up_to)
         for key, value in want.items():
             assert np.shape(got[key]) == np.shape(value)
             np.testing.assert_array_equal(got[key], value)
-    got = kernel._assemble_jitted(entries)  # the assembly executable's choice
+    got = kernel.assemble(entries)  # the assembly executable's choice
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value)
 
@@ -164,45 +224,3 @@ def test_both_stackings_of_the_assembly_agree_with_numpy(batch, seed):
 WIDE_KERNEL = sk.build_function(WIDE, list(_SYMBOLS) + [x0], dtype="float64")
 
 
-def test_a_batch_sixteen_times_larger_is_measured_again():
-    from symkern.batching.kernel import REPROBE_FACTOR
-
-    kernel = build()
-    rng = np.random.default_rng(5)
-    X = rng.normal(size=(100, 2))
-    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
-    first = kernel.timings["assembly_probe"]
-    for n in (200, REPROBE_FACTOR * 100 - 1):  # below the factor: the choice holds
-        X = rng.normal(size=(n, 2))
-        assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
-    assert kernel.timings["assembly_probe"] == first and kernel._probed_size == 100
-    X = rng.normal(size=(REPROBE_FACTOR * 100, 2))
-    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
-    assert kernel._probed_size == REPROBE_FACTOR * 100
-    assert kernel.timings["assembly_probe"] > first and kernel.assembly in ("fused", "separate")
-    again = kernel.timings["assembly_probe"]
-    assert_reference(kernel(X, {"a": -2.0}), X, -2.0)  # the same shape: no probe, no compile
-    assert kernel.timings["assembly_probe"] == again
-
-
-def test_an_assembly_set_by_hand_is_never_measured():
-    kernel = build()
-    kernel.assembly = "separate"
-    for n in (100, 5000):
-        X = np.random.default_rng(n).normal(size=(n, 2))
-        assert_reference(kernel(X, {"a": 0.25}), X, 0.25)
-    assert kernel.assembly == "separate" and "assembly_probe" not in kernel.timings
-
-
-def test_no_second_measurement_above_reprobe_up_to(monkeypatch):
-    import symkern.batching.kernel as kernel_module
-
-    monkeypatch.setattr(kernel_module, "REPROBE_UP_TO", 1000)  # so that the test stays small
-    kernel = build()
-    rng = np.random.default_rng(6)
-    X = rng.normal(size=(PROBE_FROM, 2))
-    kernel(X, {"a": 1.0})
-    probed = kernel.timings["assembly_probe"]
-    X = rng.normal(size=(kernel_module.REPROBE_FACTOR * PROBE_FROM * 2, 2))  # 2,048 > 1,000
-    assert_reference(kernel(X, {"a": 1.0}), X, 1.0)
-    assert kernel.timings["assembly_probe"] == probed and kernel._probed_size == PROBE_FROM

@@ -49,12 +49,12 @@ SPLIT_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np, sympy as sp, symkern as sk
     jax.config.update("jax_enable_x64", True)
-    from symkern.batching import build
+    from symkern.codegen import passes
     sk.enable_cache(sys.argv[1])
     xs = sp.symbols("x0:6"); a = sp.Symbol("a")
     # > 2,000 operations: compiled as pieces with the limit lowered to 2,000 (the default,
-    # build.SPLIT_ABOVE_OPERATIONS, is higher) when not vectorized
-    build.SPLIT_ABOVE_OPERATIONS = 2000
+    # passes.SPLIT_ABOVE_OPERATIONS, is higher) when not vectorized
+    passes.SPLIT_ABOVE_OPERATIONS = 2000
     eqs = sp.Matrix([sp.Add(*[sp.sin(xs[i % 6] * (i + 1 + k)) * a * xs[(i + k) % 6]
                               for i in range(300)]) for k in range(2)])
     kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", vectorize=False)

@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import symkern as sk
-from symkern.batching import build
-from symkern.codegen import contract
+from symkern.codegen import contract, passes
 from symkern.codegen.contract import contract_linear_forms, is_contracted, is_tiled, tile
 from symkern.errors import BuildError
 from symkern.kernels.stage import compile_kernel
@@ -89,11 +88,12 @@ def test_values_against_hand_written_jax(batch, seed, scale):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_same_values_as_the_scalar_body(monkeypatch):
+def test_same_values_as_the_scalar_body():
     kernel, values = _kernel()
     eqs, x, params, _ = _network((5, 16, 16, 4))
-    monkeypatch.setattr(build, "CONTRACT_LINEAR_FORMS", False)
-    scalar = sk.build_function(eqs, x, params=params, dtype="float64")
+    scalar = sk.build_function(eqs, x, params=params, dtype="float64",
+                               options=sk.BuildOptions(contract=False))
+    assert scalar.form == "scalar" and kernel.form == "contracted"
     assert "tensordot" not in scalar.source
     X = np.random.default_rng(3).normal(size=(64, 5))
     np.testing.assert_allclose(kernel(X, values), scalar(X, values), rtol=1e-12, atol=1e-13)
@@ -161,7 +161,7 @@ def test_contracted_bodies_are_not_vectorized_or_split(monkeypatch):
     eqs, x, params, values = _network((5, 16, 16, 4))
     with pytest.raises(BuildError, match="vectorize=True.*contracted"):
         sk.build_function(eqs, x, params=params, vectorize=True)
-    monkeypatch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 10)
+    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 10)
     kernel = sk.build_function(eqs, x, params=params, dtype="float64")
     assert kernel._pieces is None  # pieces pass scalars between them, not blocks
     X = np.random.default_rng(6).normal(size=(8, 5))
@@ -269,7 +269,7 @@ def _tiled_jacobian(chunk: int = 16):
     if ("jac", chunk) not in _CACHE:
         eqs, x, params, values = _network((3, 8, 8, 2), jacobian=True)
         with pytest.MonkeyPatch.context() as patch:  # as if above the pieces limit
-            patch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 200)
+            patch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 200)
             patch.setattr(contract, "TILE_CHUNK", chunk)  # chunks of `chunk` samples, padded
             _CACHE["jac", chunk] = (sk.build_function(eqs, x, params=params, dtype="float64"),
                                     values)

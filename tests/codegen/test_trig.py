@@ -1,9 +1,10 @@
-"""symkern.codegen.trig: the vectorized sin and cos against mpmath, and where kernels use them.
+"""symkern.codegen.trig: the polynomial sin and cos against mpmath, and where kernels use them.
 
 The polynomial is checked against mpmath at 120 bits: random float32 arguments (hypothesis),
 and every float32 next to a multiple of pi/2 in its range, where the reduction is hardest.
-Kernels are checked against float64 NumPy references and jax.jacfwd, with the conditional
-(and so the polynomial) present or absent in their jaxpr as the rules say.
+Each element's value is its own: the polynomial's within the range, the library's beyond,
+whatever else the call holds. Kernels are checked against float64 NumPy references and
+jax.jacfwd, with `trig.sin` present or absent in their source as the pass's gate says.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from hypothesis import strategies as st
 
 import symkern as sk
 from symkern.codegen import trig
+from symkern.codegen.passes import VECTORIZED_TRIG_ENV
 
 mpmath.mp.prec = 120
 LIMIT = float(trig.FAST_UP_TO)
-N = trig.VECTORIZED_FROM
+N = 4096
 
 
 def exact(xs: np.ndarray, quarter_turns: int) -> np.ndarray:
@@ -73,26 +75,36 @@ def test_the_polynomial_keeps_signed_zero_and_propagates_nan():
 
 @pytest.mark.parametrize("name", ["sin", "cos"])
 @pytest.mark.parametrize("outside", [None, 5000.0, 1e30, np.inf, -np.inf, np.nan])
-def test_a_call_site_falls_back_to_the_library_outside_the_range(name, outside):
+def test_each_element_outside_the_range_is_the_library_and_the_others_keep_their_value(
+        name, outside):
     xs = np.random.default_rng(7).uniform(-3, 3, N).astype(np.float32)
+    alone = np.asarray(jax.jit(getattr(trig, name))(jnp.asarray(xs)))
     if outside is not None:
         xs[123] = outside
     got = np.asarray(jax.jit(getattr(trig, name))(jnp.asarray(xs)))
     library = np.asarray(jax.jit(getattr(jnp, name))(jnp.asarray(xs)))
-    if outside is None or np.isnan(outside):  # in range: the polynomial (NaN gives NaN)
-        finite = ~np.isnan(xs)
-        assert ulps(got[finite], exact(xs[finite], 0 if name == "sin" else 1)).max() <= 2.0
-        assert np.isnan(got).sum() == (~finite).sum() and np.isnan(got[~finite]).all()
-    else:  # one argument outside: the whole call is the library's, bit for bit
-        np.testing.assert_array_equal(got, library)
+    inside = np.arange(N) != 123
+    # the other elements are the polynomial's, bit for bit the same as without the outlier
+    np.testing.assert_array_equal(got[inside], alone[inside])
+    assert ulps(got[inside], exact(xs[inside], 0 if name == "sin" else 1)).max() <= 2.0
+    if outside is not None:  # the element outside: the library's (NaN gives NaN)
+        np.testing.assert_array_equal(got[123], library[123])
 
 
-def test_small_float64_and_scalar_call_sites_are_the_library():
-    for x in (np.linspace(-2, 2, N - 1, dtype=np.float32), np.linspace(-2, 2, N),
-              np.float32(0.5)):
+@pytest.mark.parametrize("n", [1, 3, 63, 64, N - 1, N, N + 1])
+def test_a_sample_gets_the_same_value_in_every_batch_size(n):
+    xs = np.random.default_rng(9).uniform(-50, 50, N + 1).astype(np.float32)
+    whole = np.asarray(jax.jit(trig.sin)(jnp.asarray(xs)))
+    np.testing.assert_array_equal(np.asarray(jax.jit(trig.sin)(jnp.asarray(xs[:n]))), whole[:n])
+    np.testing.assert_array_equal(np.asarray(trig.sin(xs[0])), whole[0])
+
+
+def test_float64_call_sites_are_the_library():
+    for x in (np.linspace(-2, 2, N), np.float64(0.5)):
         jaxpr = str(jax.make_jaxpr(trig.sin)(x))
         assert "cond" not in jaxpr and "sin" in jaxpr
-    assert "cond" in str(jax.make_jaxpr(trig.sin)(np.zeros(N, np.float32)))
+    for x in (np.zeros(N, np.float32), np.float32(0.5)):
+        assert "cond" in str(jax.make_jaxpr(trig.sin)(x))
 
 
 def test_derivatives_are_the_other_function():
@@ -164,16 +176,19 @@ KERNEL = build()
 PS = {"L": np.float32(1.5), "g": np.float32(9.8)}
 
 
-def test_a_large_float32_batch_runs_the_conditional_and_a_small_one_does_not():
-    assert trig.trig_calls(_module_of(KERNEL)) <= trig.VECTORIZED_UP_TO_CALLS
-    assert "cond" in str(KERNEL.jaxpr(data(N), PS))
-    assert "cond" not in str(KERNEL.jaxpr(data(N - 1), PS))
+def test_the_rewrite_is_visible_in_the_source_at_every_batch_size():
+    assert "trig.sin(" in KERNEL.source and "trig.cos(" in KERNEL.source
+    assert "jnp.sin" not in KERNEL.source and "jnp.cos" not in KERNEL.source
+    assert KERNEL.options.trig == "polynomial"
+    for n in (1, N - 1, N):
+        assert "cond" in str(KERNEL.jaxpr(data(n), PS))
 
 
-def _module_of(kernel):
-    import ast
-
-    return ast.parse(kernel.source)
+def test_the_option_keeps_the_library():
+    kernel = build(options=sk.BuildOptions(trig="library"))
+    assert "trig." not in kernel.source and "jnp.sin" in kernel.source
+    assert "cond" not in str(kernel.jaxpr(data(N), PS))
+    assert_reference(kernel(data(N), PS), data(N))
 
 
 def test_gradients_through_a_kernel_match_a_hand_written_function():
@@ -203,29 +218,29 @@ def test_vmap_over_a_kernel_with_the_conditional():
     assert_reference(out, X)
 
 
-def test_an_exported_kernel_keeps_the_library_and_agrees():
-    # a symbolic batch size cannot be compared with VECTORIZED_FROM: the library's sin/cos
+def test_an_exported_kernel_computes_the_same_values():
     X = data(N, seed=5)
     loaded = sk.load(KERNEL.export(X, PS), KERNEL.const_args)
     for rows in (7, N):
         got, want = loaded(X[:rows], PS), KERNEL(X[:rows], PS)
         for key in want:
             np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]),
-                                       rtol=2e-6, atol=2e-6 * np.abs(np.asarray(want[key])).max())
+                                       rtol=1e-6, atol=1e-6 * np.abs(np.asarray(want[key])).max())
 
 
 def test_the_environment_switches_it_off_and_a_bad_value_is_refused(monkeypatch):
-    monkeypatch.setenv(trig.VECTORIZED_TRIG_ENV, "0")
+    monkeypatch.setenv(VECTORIZED_TRIG_ENV, "0")
     kernel = build()
+    assert kernel.options.trig == "library" and "trig." not in kernel.source
     assert "cond" not in str(kernel.jaxpr(data(N), PS))
     assert_reference(kernel(data(N), PS), data(N))
-    monkeypatch.setenv(trig.VECTORIZED_TRIG_ENV, "fast")
+    monkeypatch.setenv(VECTORIZED_TRIG_ENV, "fast")
     with pytest.raises(sk.BuildError, match="SYMKERN_VECTORIZED_TRIG: expected 1 "):
         build()
 
 
 def test_many_calls_and_float64_kernels_keep_the_library():
-    xs = sp.symbols(f"x0:{trig.VECTORIZED_UP_TO_CALLS + 1}")
+    xs = sp.symbols(f"x0:{trig.POLYNOMIAL_UP_TO_CALLS + 1}")
     many = sk.build_function(sum(sp.sin(x) for x in xs), list(xs), dtype="float32")
     assert "cond" not in str(many.jaxpr(np.zeros((N, len(xs)), np.float32)))
     double = sk.build_function(EQS, [q0, q1, p0, p1], params={"L": L, "g": g}, dtype="float64")

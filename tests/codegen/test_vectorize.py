@@ -23,8 +23,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import symkern as sk  # noqa: E402
-from symkern.batching import build  # noqa: E402
-from symkern.codegen import vecops  # noqa: E402
+from symkern.codegen import passes, vecops  # noqa: E402
 from symkern.codegen.vectorize import SCAN_ABOVE  # noqa: E402
 from symkern.errors import BuildError  # noqa: E402
 
@@ -131,8 +130,8 @@ def test_repeated_terms_become_a_few_groups():
 def test_auto_leaves_small_bodies_scalar_and_vectorizes_big_repeated_ones(monkeypatch):
     small = sk.build_function(_wide_model(), list(X), params=list(P))
     assert "vec." not in small.source and "vectorize" not in small.timings
-    monkeypatch.setattr(build, "VECTORIZE_ABOVE_OPERATIONS", 50)
-    monkeypatch.setattr(build, "VECTORIZE_MIN_SHRINK", 2.0)
+    monkeypatch.setattr(passes, "VECTORIZE_ABOVE_OPERATIONS", 50)
+    monkeypatch.setattr(passes, "VECTORIZE_MIN_SHRINK", 2.0)
     big = sk.build_function(_wide_model(), list(X), params=list(P))
     assert "vec.chunked" in big.source
     # one statement per template: nothing to share, the body stays scalar
@@ -219,7 +218,7 @@ def test_a_body_above_the_threshold_is_vectorized_by_default_and_exact():
 def test_a_vectorized_body_above_the_split_threshold_is_never_cut(monkeypatch):
     # n_link_pendulum_on_cart(14): a vectorized body of > 2,000 operations reached the
     # splitter, which only cuts straight-line bodies
-    monkeypatch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 10)
+    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 10)
     scalar = sk.build_function(_wide_model(), list(X), params=list(P), dtype="float64",
                                vectorize=False)
     vector = sk.build_function(_wide_model(), list(X), params=list(P), dtype="float64",
@@ -233,8 +232,8 @@ def test_a_vectorized_body_above_the_split_threshold_is_never_cut(monkeypatch):
 def test_many_small_outputs_keep_the_scalar_body_by_default(monkeypatch):
     # one template, but every entry is its own output: the vectorized program would still
     # hold a slice and an assembly place per entry (n_link_pendulum_on_cart(14): 1,365)
-    monkeypatch.setattr(build, "VECTORIZE_ABOVE_OPERATIONS", 50)
-    monkeypatch.setattr(build, "VECTORIZE_MIN_SHRINK", 2.0)
+    monkeypatch.setattr(passes, "VECTORIZE_ABOVE_OPERATIONS", 50)
+    monkeypatch.setattr(passes, "VECTORIZE_MIN_SHRINK", 2.0)
     entries = sp.Matrix([sp.sin(P[i % 3] * X[i % 4]) * X[(i + 1) % 4] * (i + 1) for i in range(120)])
     assert "vec." not in sk.build_function(entries, list(X), params=list(P)).source
     forced = sk.build_function(entries, list(X), params=list(P), dtype="float64", vectorize=True)
@@ -250,7 +249,7 @@ def test_many_small_outputs_keep_the_scalar_body_by_default(monkeypatch):
 def test_a_deep_nest_is_declined_early_and_stays_exact(monkeypatch):
     import math
 
-    monkeypatch.setattr(build, "VECTORIZE_ABOVE_OPERATIONS", 50)
+    monkeypatch.setattr(passes, "VECTORIZE_ABOVE_OPERATIONS", 50)
     x, a = sp.symbols("x a")
     e = x
     for i in range(400):

@@ -117,7 +117,7 @@ def kernel():
 def test_results_equal_the_unsplit_kernel(kernel, max_statements):
     X = np.random.default_rng(0).standard_normal((17, 3))
     arguments = _arguments(kernel, X, PS)
-    expected = kernel._function(*arguments)
+    expected = kernel.program.function(*arguments)
     program = SplitProgram.from_module(kernel._generated.module, max_statements)
     assert len(program.split.pieces) > 1 or max_statements == 10_000
     got = program(*arguments)
@@ -157,7 +157,7 @@ def test_under_jit_and_grad(kernel):
         return sum(jnp.sum(e) for e in function(*const_values, *data, ps))
 
     split_grad = jax.jit(jax.grad(lambda p: total(program, p)))(leaves)
-    plain_grad = jax.grad(lambda p: total(kernel._function, p))(leaves)
+    plain_grad = jax.grad(lambda p: total(kernel.program.function, p))(leaves)
     for s, p in zip(split_grad, plain_grad, strict=True):
         np.testing.assert_allclose(s, p, rtol=1e-10, atol=1e-12)
 
@@ -165,11 +165,10 @@ def test_under_jit_and_grad(kernel):
 @pytest.fixture
 def split_at_2000(monkeypatch):
     """Pieces and merged pairs above 2,000 operations, so that ~2,400-operation bodies
-    (quick to compile) exercise them; the defaults are higher (build.SPLIT_ABOVE_OPERATIONS)."""
-    from symkern.batching import build
-    from symkern.codegen import emit
+    (quick to compile) exercise them; the defaults are higher (passes.SPLIT_ABOVE_OPERATIONS)."""
+    from symkern.codegen import emit, passes
 
-    monkeypatch.setattr(build, "SPLIT_ABOVE_OPERATIONS", 2000)
+    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 2000)
     monkeypatch.setattr(emit, "SHARE_PAIRS_ABOVE_OPERATIONS", 2000)
 
 
@@ -254,14 +253,13 @@ def test_scalar_body_options_on_a_structured_network_are_refused():
             sk.build_nn_function(snn.output, snn, **{option: value})
 
 
-def test_a_body_between_the_probe_and_split_limits_compiles_whole_and_assembles_separately():
+def test_a_body_between_the_separate_and_split_limits_compiles_whole_and_assembles_separately():
     import jax
     import numpy as np
     import sympy as sp
 
     import symkern as sk
-    from symkern.batching import build
-    from symkern.codegen import emit
+    from symkern.codegen import emit, passes
 
     xs = sp.symbols("x0:4")
     a = sp.Symbol("a")
@@ -270,11 +268,10 @@ def test_a_body_between_the_probe_and_split_limits_compiles_whole_and_assembles_
     kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", progress=False,
                                vectorize=False)
     ops = operation_count(kernel._generated.module)
-    assert build.PROBE_UP_TO_OPERATIONS < ops <= build.SPLIT_ABOVE_OPERATIONS
+    assert passes.SEPARATE_ABOVE_OPERATIONS < ops <= passes.SPLIT_ABOVE_OPERATIONS
     assert ops <= emit.SHARE_PAIRS_ABOVE_OPERATIONS
-    # one executable, no probe: its entries then the assembly executable, at every batch size
-    assert kernel._pieces is None and kernel.assembly == "separate"
-    assert not kernel.fuse_small_batches
+    # compiled whole: its entries, then the assembly executable, at every batch size
+    assert kernel._pieces is None and kernel.assembly == "separate" and not kernel.runs_fused
     rng = np.random.default_rng(0)
     f = sp.lambdify([xs, a], [expr, xs[0] * a, expr * xs[1]], "numpy")
     for batch in ((), (3,), (200,)):

@@ -73,3 +73,35 @@ def test_sources_are_identical_when_rebuilt_in_one_process(sources_by_seed):
                 kernel = sk.build_function(eqs, *data_args, params=params, cse=cse, dtype="float64")
                 assert kernel.source == reference[f"{name}/cse={cse}"]["source"]
                 assert kernel.upstream_source == reference[f"{name}/cse={cse}"]["upstream_source"]
+
+
+PENDULUM = """
+import sys
+import jax
+import numpy as np
+jax.config.update("jax_enable_x64", True)
+import symkern as sk
+from symkern.models import double_pendulum
+
+model = double_pendulum()
+kernel = sk.build_function(model.rhs, list(model.state), params=dict(model.params),
+                           dtype="float32")
+X = np.random.default_rng(0).uniform(-1.5, 1.5, (8192, 4)).astype(np.float32)
+ps = {"g": 9.81, "l1": 1.0, "l2": 0.7, "m1": 1.0, "m2": 1.3}
+ps = {key: np.float32(value) for key, value in ps.items()}
+for n in map(int, sys.argv[1:]):
+    print(np.asarray(kernel(X[:n], ps))[:8].tobytes().hex())
+"""
+
+
+def test_the_double_pendulum_gets_the_same_bits_in_every_batch_and_process():
+    """The first 8 samples, computed in batches of 8, 1,000 and 8,192, in two processes."""
+    runs = [subprocess.run([sys.executable, "-c", PENDULUM, "8", "1000", "8192"],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu"))
+            for seed in ("0", "1")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-4000:]
+    lines = [run.stdout.split() for run in runs]
+    assert len(lines[0]) == 3 and len(set(lines[0])) == 1, "batches of 8, 1,000, 8,192 differ"
+    assert lines[0] == lines[1], "two processes differ"

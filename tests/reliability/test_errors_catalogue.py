@@ -215,11 +215,20 @@ def test_builderror_vector_width(monkeypatch):
            lambda: sk.build_function(x0 + 1, x0))
 
 
+def test_builderror_build_options():
+    _check("builderror-build-options", sk.BuildError,
+           "options: expected a symkern.BuildOptions, got dict",
+           lambda: sk.build_function(x0 + 1, x0, options={"trig": "library"}))
+    _check("builderror-build-options", sk.BuildError,
+           re.escape("assembly: expected one of ('fused', 'separate') or None, got 'stacked'"),
+           lambda: sk.BuildOptions(assembly="stacked"))
+
+
 def test_builderror_vectorized_trig(monkeypatch):
     monkeypatch.setenv("SYMKERN_VECTORIZED_TRIG", "fast")
     _check("builderror-vectorized-trig", sk.BuildError,
-           re.escape("SYMKERN_VECTORIZED_TRIG: expected 1 (vectorized sin and cos where they "
-                     "pay) or 0 (jnp.sin and jnp.cos everywhere), got 'fast'"),
+           re.escape("SYMKERN_VECTORIZED_TRIG: expected 1 (polynomial sin and cos where they "
+                     "apply) or 0 (jnp.sin and jnp.cos everywhere), got 'fast'"),
            lambda: sk.build_function(x0 + 1, x0))
 
 

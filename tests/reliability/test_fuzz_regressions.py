@@ -87,7 +87,7 @@ def test_a_dropped_kernel_is_freed_without_the_cyclic_gc():
     try:
         kernel = _table_kernel(100_000)
         kernel(np.zeros((2, 2)))
-        function = weakref.ref(kernel._function)
+        function = weakref.ref(kernel.program.function)
         ref = weakref.ref(kernel)
         del kernel
         assert ref() is None, "the Kernel is only freed by the cyclic GC"

@@ -1,0 +1,233 @@
+"""batching, stage 4: KernelProgram — what every kernel form is built on.
+
+Imports jax, numpy, symkern.codegen and symkern.symbolic. A program is the traced
+computation of a kernel, apart from how it is called: `entries` evaluates the generated
+function over a batch, `assemble` turns its entries into the equations' structure,
+`evaluate` does both. Kernel, BoundKernel, the flat, sharded, streamed and exported forms
+and the structured-network kernel call these and nothing else of one another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Var
+
+from symkern.codegen.pipeline import GeneratedCode
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What a kernel takes: its data arguments, its parameter leaves and tree, its dtype."""
+
+    data: tuple[ArgumentSpec, ...]
+    parameters: tuple[ArgumentSpec, ...]
+    parameter_treedef: Any
+    dtype: np.dtype
+
+    #: whether the kernel is called with `ps` (also for an empty tree, `params={}`)
+    takes_parameters: bool | None = None
+
+    @property
+    def has_parameters(self) -> bool:
+        return bool(self.parameters) if self.takes_parameters is None else self.takes_parameters
+
+
+def _subscriptable(treedef: Any) -> bool:
+    """Whether every node of a parameter tree is a dict, list or tuple (read as `ps[key]`)."""
+    example = jax.tree_util.tree_unflatten(treedef, [0] * treedef.num_leaves)
+    paths, _ = jax.tree_util.tree_flatten_with_path(example)
+    keys = (jax.tree_util.DictKey, jax.tree_util.SequenceKey)
+    return all(isinstance(key, keys) for path, _ in paths for key in path)
+
+
+class ScalarProgram:
+    """A generated function that returns one array per scalar entry of the equations.
+
+    `entries(const_args, data, parameter_leaves)` gives every entry shaped like the batch;
+    `assemble(entries)` stacks each matrix-shaped leaf's entries along its trailing axes.
+    """
+
+    def __init__(self, generated: GeneratedCode, function: Callable[..., tuple[Any, ...]],
+                 signature: KernelSignature, equations: EquationSet,
+                 const_values: tuple[Any, ...]) -> None:
+        self.generated = generated
+        self.function = function
+        self.signature = signature
+        self.equations = equations
+        self.const_values = tuple(const_values)
+        #: whether any output is matrix-shaped (its entries need stacking)
+        self.needs_assembly = any(equations.shapes)
+        # the generated code reads `ps[key]` at every level: a tree with nodes read by
+        # attribute (namedtuple, dataclass) reaches it as nested dicts (code_parameters)
+        self._parameters_by_path = not _subscriptable(signature.parameter_treedef)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.signature.dtype
+
+    @property
+    def entry_count(self) -> int:
+        """How many arrays `entries` returns."""
+        return sum(math.prod(shape) for shape in self.equations.shapes)
+
+    def batch_shape(self, data: Sequence[Any]) -> tuple[int, ...]:
+        """The batch shape of checked data arguments (`()` without data)."""
+        if not data:
+            return ()
+        shape = tuple(data[0].shape)
+        return shape[: len(shape) - len(self.signature.data[0].shape)]
+
+    def code_parameters(self, parameter_leaves: tuple) -> Any:
+        """The `ps` the generated code reads: the caller's tree, or nested dicts by the
+        same keys when a node of it is read by attribute (`ps['p']` for a namedtuple's `p`)."""
+        if not self._parameters_by_path:
+            return jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                                parameter_leaves)
+        root: dict = {}
+        for spec, leaf in zip(self.signature.parameters, parameter_leaves, strict=True):
+            if not spec.path:
+                return leaf
+            node = root
+            for key in spec.path[:-1]:
+                node = node.setdefault(key, {})
+            node[spec.path[-1]] = leaf
+        return root
+
+    def arguments(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> list[Any]:
+        """The generated function's positional arguments: const args, data, the `ps` tree."""
+        arguments = list(const_args) + list(data)
+        if self.signature.parameters:
+            arguments.append(self.code_parameters(parameter_leaves))
+        return arguments
+
+    def entries(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
+        """Every scalar entry of every equation, each shaped like the batch."""
+        arguments = self.arguments(const_args, data, parameter_leaves)
+        batch_shape = self.batch_shape(data)
+        return tuple(jnp.broadcast_to(jnp.asarray(entry, self.dtype), batch_shape)
+                     for entry in self.function(*arguments))
+
+    def assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
+        """Entries → the equations' structure, each array leaf shaped `batch + its shape`.
+
+        A leaf of at most `transpose_up_to` entries is stacked along a new leading axis,
+        which is then moved last; the others are stacked along the last axis.
+        """
+        batch_shape = tuple(np.shape(entries[0]))
+        leaves, start = [], 0
+        for shape in self.equations.shapes:
+            count = int(np.prod(shape, dtype=int))
+            chunk = entries[start:start + count]
+            start += count
+            if not shape:
+                leaves.append(chunk[0])
+                continue
+            stacked = (jnp.moveaxis(jnp.stack(chunk), 0, -1) if count <= transpose_up_to
+                       else jnp.stack(chunk, axis=-1))
+            leaves.append(stacked.reshape(batch_shape + tuple(shape)))
+        return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
+
+    def entry_shapes(self, batch_shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """The shape of each of `entries`' arrays for a batch of `batch_shape`."""
+        return (tuple(batch_shape),) * self.entry_count
+
+    def evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
+        """The equations' values: `assemble(entries(...))`."""
+        return self.assemble(self.entries(const_args, data, parameter_leaves))
+
+
+class StructuredProgram(ScalarProgram):
+    """A structured network's array program: its function returns *pieces*, whole leaves
+    (a network output, Jacobian or parameter gradient, one array already shaped
+    `batch + shape`) or the scalar entries of leaves written as SymPy formulas around the
+    network (`J∇H`), which `assemble` stacks.
+
+    With `tile_chunk`, a batch of more samples runs that many at a time (`lax.map`).
+    """
+
+    def __init__(self, generated: GeneratedCode, function: Callable[..., tuple[Any, ...]],
+                 signature: KernelSignature, equations: EquationSet,
+                 const_values: tuple[Any, ...], layout: Any,
+                 tile_chunk: int | None = None) -> None:
+        super().__init__(generated, function, signature, equations, const_values)
+        self.layout = layout
+        self.needs_assembly = layout.needs_assembly
+        self.tile_chunk = tile_chunk
+
+    @property
+    def entry_count(self) -> int:
+        return sum(leaf.count for leaf in self.layout.leaves)
+
+    def entry_shapes(self, batch_shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        shapes: list[tuple[int, ...]] = []
+        for leaf in self.layout.leaves:
+            shape = tuple(batch_shape) if leaf.stacked else tuple(batch_shape) + tuple(leaf.shape)
+            shapes += [shape] * leaf.count
+        return tuple(shapes)
+
+    def largest_intermediate(self) -> int:
+        """The most values an array computed from the data holds for one sample."""
+        specs = [jax.ShapeDtypeStruct(spec.shape, self.dtype) for spec in self.signature.data]
+        leaves = [jax.ShapeDtypeStruct(spec.shape, self.dtype)
+                  for spec in self.signature.parameters]
+        jaxpr = jax.make_jaxpr(self.shaped_pieces, static_argnums=(3,))(
+            self.const_values, tuple(specs), tuple(leaves), ()).jaxpr
+        first = len(self.const_values)
+        per_sample = set(jaxpr.invars[first:first + len(specs)])
+        largest = 0
+        for eqn in jaxpr.eqns:  # in order: an equation reads only what came before it
+            if any(var in per_sample for var in eqn.invars if isinstance(var, Var)):
+                per_sample.update(eqn.outvars)
+                largest = max([largest, *(math.prod(var.aval.shape) for var in eqn.outvars)])
+        return largest
+
+    def entries(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
+        batch_shape = self.batch_shape(data)
+        chunk = self.tile_chunk
+        if (chunk is None or not all(isinstance(n, int) for n in batch_shape)
+                or math.prod(batch_shape) <= chunk):
+            return self.shaped_pieces(const_args, data, parameter_leaves, batch_shape)
+        size = math.prod(batch_shape)
+        count = -(-size // chunk)
+        tiles = []
+        for spec, array in zip(self.signature.data, data, strict=True):
+            flat = jnp.reshape(array, (size, *spec.shape))
+            if count * chunk != size:  # padded with the last sample: real values, no NaN
+                flat = jnp.pad(flat, [(0, count * chunk - size)] + [(0, 0)] * len(spec.shape),
+                               mode="edge")
+            tiles.append(flat.reshape((count, chunk, *spec.shape)))
+        out = jax.lax.map(lambda tile: self.shaped_pieces(const_args, tuple(tile),
+                                                          parameter_leaves, (chunk,)),
+                          tuple(tiles))
+        return tuple(piece.reshape((count * chunk, *piece.shape[2:]))[:size]
+                     .reshape(batch_shape + piece.shape[2:]) for piece in out)
+
+    def shaped_pieces(self, const_args: tuple, data: tuple, parameter_leaves: tuple,
+                      batch_shape: tuple) -> tuple:
+        """The function's pieces, each broadcast to `batch_shape` (+ its leaf's shape)."""
+        pieces = list(self.function(*self.arguments(const_args, data, parameter_leaves)))
+        shaped = []
+        for leaf in self.layout.leaves:
+            shape = batch_shape if leaf.stacked else batch_shape + tuple(leaf.shape)
+            for piece in pieces[leaf.start:leaf.start + leaf.count]:
+                shaped.append(jnp.broadcast_to(jnp.asarray(piece, self.dtype), shape))
+        return tuple(shaped)
+
+    def assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
+        leaves = []
+        for leaf in self.layout.leaves:
+            chunk = entries[leaf.start:leaf.start + leaf.count]
+            if leaf.stacked:
+                batch_shape = tuple(np.shape(chunk[0]))
+                leaves.append(jnp.stack(chunk, axis=-1).reshape(batch_shape + tuple(leaf.shape)))
+            else:
+                leaves.append(chunk[0])
+        return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)

@@ -1,0 +1,322 @@
+"""Every body form × batch shapes around every threshold × every call path, against a reference.
+
+The forms are the pipeline's (symkern.codegen.passes.FORMS and the polynomial sin and cos):
+scalar (with and without const args, with parameters and two data arguments), contracted,
+tiled, vectorized, pieces and structured. The batch shapes sit on both sides of each size the
+kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the tiles of 4,096) and include `()` and a
+2-D batch. The call paths are eager, `jax.jit`, `jax.vmap`, `jax.grad` with respect to data
+and parameters, bind, flat, shard, stream and export/load. Each result is compared with an
+independent float64 reference: the same equations written by hand in `jax.numpy` (a network
+too), differentiated by `jax.grad`.
+
+`make test` runs a bounded profile: every path at two batch shapes, and every batch shape
+eagerly; `SYMKERN_SLOW=1` (`make test-all`) runs the whole matrix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy as sp
+
+import symkern as sk
+from symkern.codegen import passes
+
+SLOW = bool(os.environ.get("SYMKERN_SLOW"))
+BATCHES: tuple[tuple[int, ...], ...] = (
+    (), (1,), (63,), (64,), (65,), (1023,), (1024,), (1025,), (4095,), (4096,), (4097,), (3, 5))
+#: the batches every call path runs at in the bounded profile
+PATH_BATCHES = ((65,), (3, 5))
+PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
+         "export")
+
+
+@dataclass
+class Case:
+    """A kernel of one form, its reference, how to make its data and parameter values."""
+
+    kernel: Any
+    reference: Callable[..., Any]  # (data..., ps) -> the equations' structure, in float64
+    data: Callable[[tuple[int, ...]], tuple[np.ndarray, ...]]
+    ps: Any
+    rtol: float = 1e-10
+
+
+# ---- the forms ---------------------------------------------------------------------------
+
+x0, x1, y, a, c = sp.symbols("x0 x1 y a c")
+lookup = sp.Function("lookup")
+TABLE = np.linspace(0.0, 1.0, 256) ** 2  # 2 KiB: a const arg
+
+
+def _lookup_jax(v: Any) -> Any:
+    return jnp.interp(v, jnp.linspace(-4.0, 4.0, TABLE.size), jnp.asarray(TABLE))
+
+
+def _uniform(shape: tuple[int, ...], width: int | None, seed: int, scale: float = 1.5):
+    full = shape + ((width,) if width else ())
+    return np.random.default_rng(seed + sum(shape)).uniform(-scale, scale, full)
+
+
+def _scalar_case(dtype: str = "float64", const: bool = False) -> Case:
+    extra = lookup(x0) if const else sp.Integer(0)
+    eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
+           "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c}
+    functions = {"lookup": _lookup_jax} if const else None
+    kernel = sk.build_function(eqs, [x0, x1], y, params={"a": a, "c": c}, dtype=dtype,
+                               functions=functions)
+    if const:
+        assert kernel.const_args, "the table is a const arg"
+
+    def reference(X, Y, ps):
+        X, Y = jnp.asarray(X, jnp.float64), jnp.asarray(Y, jnp.float64)
+        q, r = X[..., 0], X[..., 1]
+        lk = _lookup_jax(q) if const else 0.0
+        return {"v": jnp.stack([jnp.sin(q) * ps["a"] + r * Y + lk, jnp.tanh(q * r),
+                                jnp.cos(Y) * ps["c"]], axis=-1),
+                "s": jnp.cos(q) * ps["a"] * Y - jnp.exp(-r ** 2) * ps["c"]}
+
+    cast = np.float32 if dtype == "float32" else np.float64
+    return Case(kernel, reference,
+                lambda shape: (_uniform(shape, 2, 0).astype(cast), _uniform(shape, None, 1).astype(cast)),
+                {"a": cast(0.7), "c": cast(-1.3)}, 1e-10 if dtype == "float64" else 2e-5)
+
+
+def _network(sizes: tuple[int, ...]):
+    xs = list(sp.symbols(f"n0:{sizes[0]}"))
+    params, values = {}, {}
+    rng = np.random.default_rng(sum(sizes))
+    h = list(xs)
+    for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        W = sp.Matrix(n_out, n_in, lambda i, j, k=k: sp.Symbol(f"W{k}_{i}_{j}"))
+        b = sp.Matrix(n_out, 1, lambda i, _, k=k: sp.Symbol(f"b{k}_{i}"))
+        params[f"L{k}"] = {"W": W, "b": b}
+        values[f"L{k}"] = {"W": rng.normal(size=(n_out, n_in)) / np.sqrt(n_in),
+                           "b": rng.normal(size=n_out)}
+        h = [sp.tanh(sp.Add(*[W[i, j] * h[j] for j in range(n_in)], b[i])) for i in range(n_out)]
+    return sp.Matrix(h), xs, params, values
+
+
+def _network_reference(X, ps):
+    h = jnp.asarray(X, jnp.float64)
+    for key in sorted(ps):
+        h = jnp.tanh(h @ jnp.asarray(ps[key]["W"], jnp.float64).T
+                     + jnp.asarray(ps[key]["b"], jnp.float64))
+    return h
+
+
+def _contracted_case(tiled: bool = False) -> Case:
+    eqs, xs, params, values = _network((5, 16, 16, 4))
+    with pytest.MonkeyPatch.context() as patch:
+        if tiled:  # as if above the pieces limit: chain-rule sums too, run in tiles of 64
+            patch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 200)
+            patch.setattr(sk.codegen.contract, "TILE_CHUNK", 64)
+        kernel = sk.build_function(eqs, xs, params=params, dtype="float64")
+    assert kernel.form == ("tiled" if tiled else "contracted"), kernel.form
+    return Case(kernel, _network_reference, lambda shape: (_uniform(shape, 5, 2),), values)
+
+
+P = sp.symbols("p0:3")
+V = sp.symbols("v0:4")
+
+
+def _templated_eqs():
+    terms = [sp.sin(P[i % 3] * V[i % 4]) * V[(i + 1) % 4] * (i + 1) for i in range(60)]
+    return sp.Matrix([sp.Add(*terms[:30]), sp.Add(*terms[30:])])
+
+
+def _templated_reference(X, ps):
+    X = jnp.asarray(X, jnp.float64)
+    p = [jnp.asarray(ps[f"p{k}"], jnp.float64) for k in range(3)]
+    terms = [jnp.sin(p[i % 3] * X[..., i % 4]) * X[..., (i + 1) % 4] * (i + 1) for i in range(60)]
+    return jnp.stack([sum(terms[:30]), sum(terms[30:])], axis=-1)
+
+
+def _vectorized_case() -> Case:
+    kernel = sk.build_function(_templated_eqs(), list(V), params={f"p{k}": P[k] for k in range(3)},
+                               dtype="float64", vectorize=True)
+    assert kernel.form == "vectorized"
+    return Case(kernel, _templated_reference, lambda shape: (_uniform(shape, 4, 3),),
+                {f"p{k}": 0.3 * (k + 1) for k in range(3)})
+
+
+def _pieces_case() -> Case:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 50)
+        patch.setattr(passes, "PIECE_OPERATIONS", 40)
+        kernel = sk.build_function(_templated_eqs(), list(V),
+                                   params={f"p{k}": P[k] for k in range(3)}, dtype="float64",
+                                   vectorize=False, progress=False)
+    assert kernel.form == "pieces"
+    return Case(kernel, _templated_reference, lambda shape: (_uniform(shape, 4, 4),),
+                {f"p{k}": 0.3 * (k + 1) for k in range(3)})
+
+
+def hnn_case(hidden: int, dtype: str = "float64") -> Case:
+    """The README's Hamiltonian network: H = Linear(tanh(Dense(2, hidden)(x))), field
+    (dH/dp, -dH/dq), a structured kernel above 64 weights."""
+    net = sk.Chain(sk.Dense(2, hidden, "tanh"), sk.Linear(hidden, 1))
+    snn = sk.SymbolicNetwork(net)
+    g = sk.gradient(snn.output[0], snn.input)
+    kernel = sk.build_nn_function(sp.Matrix([g[1], -g[0]]), snn, dtype=dtype)
+
+    def reference(X, ps):
+        def H(x):
+            h = jnp.tanh(jnp.asarray(ps["L1"]["W"], jnp.float64) @ x
+                         + jnp.asarray(ps["L1"]["b"], jnp.float64))
+            return (jnp.asarray(ps["L2"]["W"], jnp.float64) @ h
+                    + jnp.asarray(ps["L2"]["b"], jnp.float64))[0]
+
+        X = jnp.asarray(X, jnp.float64)
+        flat = X.reshape((-1, 2))
+        grads = jax.vmap(jax.grad(H))(flat)
+        return jnp.stack([grads[:, 1], -grads[:, 0]], axis=-1).reshape(X.shape)
+
+    cast = np.float32 if dtype == "float32" else np.float64
+    ps = jax.tree_util.tree_map(lambda v: np.asarray(v, cast), net.init_params(seed=hidden))
+    return Case(kernel, reference, lambda shape: (_uniform(shape, 2, 5).astype(cast),), ps,
+                1e-10 if dtype == "float64" else 2e-5)
+
+
+FORMS: dict[str, Callable[[], Case]] = {
+    "scalar": _scalar_case,
+    "scalar-const-args": lambda: _scalar_case(const=True),
+    "scalar-polynomial-trig": lambda: _scalar_case("float32"),
+    "contracted": _contracted_case,
+    "tiled": lambda: _contracted_case(tiled=True),
+    "vectorized": _vectorized_case,
+    "pieces": _pieces_case,
+    "structured": lambda: hnn_case(40),
+}
+_BUILT: dict[str, Case] = {}
+
+
+def case_of(form: str) -> Case:
+    if form not in _BUILT:
+        _BUILT[form] = FORMS[form]()
+    return _BUILT[form]
+
+
+# ---- the call paths ------------------------------------------------------------------------
+
+def _total(tree: Any) -> Any:
+    return sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _stream(kernel, data, ps):
+    batch = np.shape(data[0])[:1]
+    chunks = list(kernel.stream(tuple(data) if len(data) > 1 else data[0], ps,
+                                chunk=max(1, batch[0] // 3 + 1), progress=False))
+    return jax.tree_util.tree_map(lambda *parts: np.concatenate(parts), *chunks)
+
+
+def run_path(path: str, case: Case, data: tuple, ps: Any) -> tuple[Any, Any]:
+    """(what symkern computed, what the reference computes) along `path`."""
+    k, ref = case.kernel, case.reference
+    if path == "eager":
+        return k(*data, ps), ref(*data, ps)
+    if path == "jit":
+        return jax.jit(lambda *args: k(*args))(*data, ps), ref(*data, ps)
+    if path == "vmap":  # over the leading batch axis, parameters shared
+        return (jax.vmap(lambda *d: k(*d, ps))(*data),
+                jax.vmap(lambda *d: ref(*d, ps))(*data))
+    if path == "grad_data":
+        return (jax.grad(lambda d: _total(k(d, *data[1:], ps)))(data[0]),
+                jax.grad(lambda d: _total(ref(d, *data[1:], ps)))(jnp.asarray(data[0], jnp.float64)))
+    if path == "grad_params":
+        wide = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float64), ps)
+        return (jax.grad(lambda p: _total(k(*data, p)))(ps),
+                jax.grad(lambda p: _total(ref(*data, p)))(wide))
+    if path == "bind":
+        return k.bind(ps)(*data), ref(*data, ps)
+    if path == "flat":
+        return k.flat()(*data, k.flatten(ps)), ref(*data, ps)
+    if path == "shard":
+        return k.shard()(*data, ps), ref(*data, ps)
+    if path == "stream":
+        return _stream(k, data, ps), ref(*data, ps)
+    if path == "export":
+        loaded = sk.load(k.export(*data, ps), k.const_args)
+        return loaded(*data, ps), ref(*data, ps)
+    raise AssertionError(path)
+
+
+def assert_close(got: Any, want: Any, rtol: float) -> None:
+    got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves, strict=True):
+        w = np.asarray(w, np.float64)
+        assert np.shape(g) == w.shape
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=rtol,
+                                   atol=rtol * max(1.0, float(np.abs(w).max(initial=0.0))))
+
+
+def _applies(path: str, batch: tuple[int, ...]) -> bool:
+    # vmap maps a leading axis (a batch of () has none); stream reads rows (one batch axis)
+    return not (path == "vmap" and not batch or path == "stream" and len(batch) != 1)
+
+
+def _matrix() -> list[Any]:
+    cells = []
+    for form in FORMS:
+        for batch in BATCHES:
+            for path in PATHS:
+                if not _applies(path, batch):
+                    continue
+                bounded = path == "eager" or batch in PATH_BATCHES
+                if form == "pieces" and path == "eager":  # each shape compiles every piece
+                    bounded = batch in PATH_BATCHES + ((1,), (64,))
+                marks = [] if bounded else [pytest.mark.slow]
+                cells.append(pytest.param(form, batch, path, marks=marks,
+                                          id=f"{form}-{'x'.join(map(str, batch)) or 'one'}-{path}"))
+    return cells
+
+
+@pytest.mark.parametrize(("form", "batch", "path"), _matrix())
+def test_every_form_batch_and_call_path_matches_the_reference(form, batch, path):
+    case = case_of(form)
+    data = case.data(batch)
+    got, want = run_path(path, case, data, case.ps)
+    assert_close(got, want, case.rtol if not path.startswith("grad") else max(case.rtol, 1e-9))
+
+
+#: forms whose programs hold matrix products: XLA's CPU dot (Eigen) blocks its sums by the
+#: matrices' sizes, so the batch size changes their order; a sample's value then moves by an
+#: ulp or two with the batch (docs/design/output-assembly.md, "Determinism")
+DOT_FORMS = {"contracted", "tiled", "structured"}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_a_sample_gets_the_same_bits_in_every_batch(form):
+    case = case_of(form)
+    sizes = (1, 63, 64, 65, 1025, 4097) if form != "pieces" else (1, 64)
+    widest = case.data((max(sizes),))
+    first = None
+    for n in sizes:
+        out = case.kernel(*(d[:n] for d in widest), case.ps)
+        head = [np.asarray(leaf)[:1] for leaf in jax.tree_util.tree_leaves(out)]
+        if first is None:
+            first = head
+        for h, f in zip(head, first, strict=True):
+            if form in DOT_FORMS:
+                np.testing.assert_array_max_ulp(h, f, maxulp=8)
+            else:
+                np.testing.assert_array_equal(h, f)
+
+
+@pytest.mark.parametrize("hidden", [8, 40, 128])
+@pytest.mark.parametrize("batch", [1, 64, 512, 5000])
+def test_the_hamiltonian_field_equals_vmap_of_grad_in_every_path(hidden, batch):
+    case = hnn_case(hidden)
+    data = case.data((batch,))
+    paths = PATHS if SLOW or batch in (64, 5000) else ("eager", "jit", "shard", "flat")
+    for path in paths:
+        got, want = run_path(path, case, data, case.ps)
+        assert_close(got, want, 1e-9)
