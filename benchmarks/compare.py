@@ -162,10 +162,9 @@ class SymkernTool:
 
 
 def _assembly_figures(kernel: Any) -> dict:
-    """How a symkern kernel's probe chose to assemble outputs (`assembly`; None: one
-    executable, no probe) and what it measured (`probe`: batch, rounds, each form's best
-    seconds); both None for anything else."""
-    return {"assembly": getattr(kernel, "assembly", None), "probe": getattr(kernel, "probe", None)}
+    """How a symkern kernel assembles its outputs (`assembly`, decided at build time) and
+    its body's form (`form`); both None for anything else."""
+    return {"assembly": getattr(kernel, "assembly", None), "form": getattr(kernel, "form", None)}
 
 
 class SymkernNetworkTool(SymkernTool):
@@ -519,7 +518,7 @@ def _apply_interleaved(entry: dict, interleaved: dict) -> None:
             r["interleaved_times_s"] = figures["times_s"]
             if figures.get("assembly") is not None:
                 r["interleaved_assembly"] = figures["assembly"]
-                r["interleaved_probe"] = figures["probe"]
+                r["interleaved_form"] = figures["form"]
 
 
 def worker(tool_name: str, wl: Any, X: np.ndarray, ref: np.ndarray | None, compiles: list[int],
