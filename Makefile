@@ -19,10 +19,11 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
-# benchmarks against the anchors (optional tools in the bench extra)
+# benchmarks against the anchors (optional tools in the bench extra) and the peers (peers extra)
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[bench]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[bench,peers]"
 	$(PY) benchmarks/compare.py --out benchmarks/results/full.json
+	$(PY) benchmarks/compare.py --peers --out benchmarks/results/peers.json
 	$(PY) benchmarks/report.py benchmarks/results/full.json
 
 # a long fuzzing campaign (make test runs a bounded one)

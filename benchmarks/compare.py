@@ -2,12 +2,13 @@
 
 Usage::
 
-    python benchmarks/compare.py [--quick] [--out benchmarks/results/NAME.json]
+    python benchmarks/compare.py [--quick | --peers] [--out benchmarks/results/NAME.json]
                                  [--workloads a,b] [--tools a,b] [--timeout S] [--mem-gib G]
 
 Tools (each used the way its own documentation shows):
 
-- ``symkern``: ``build_function(eqs, inputs, params=..., functions=...)``, float32.
+- ``symkern``: ``build_function(eqs, inputs, params=..., functions=..., dtype="float32")``;
+  ``symkern-f64`` the same with ``dtype="float64"`` (its process runs with jax_enable_x64).
 - ``symkern-nn``: networks only, what symkern's documentation has a network's user call:
   ``build_nn_function(snn.output, snn)`` (Jacobian: ``build_nn_function(jacobian(snn.output,
   snn.input), snn)``) for ``snn = SymbolicNetwork(net)`` — an array program when a layer
@@ -20,6 +21,12 @@ Tools (each used the way its own documentation shows):
   under ``jax.jit``, float32.
 - ``jax-hand``: networks only, hand-written ``net.apply`` (Jacobian:
   ``jax.vmap(jax.jacfwd(net.apply))``) under ``jax.jit``, float32.
+- ``numba``, ``pytensor-c``, ``pytensor-jax``, ``pytensor-numba`` (and their ``-f32``
+  forms), ``casadi``, ``casadi-c``: the peers of ``benchmarks/peers.py`` (the ``peers``
+  extra), run by ``--peers`` on the mechanics models, the pendulum and the 4-16-16-4 network.
+
+Each result records its ``dtype``; ratios are read within one dtype (``--peers`` writes
+them as ``ratios``: symkern of that dtype over the fastest other tool of that dtype).
 
 For every workload × tool a worker subprocess (address-space limit ``--mem-gib``, wall
 limit ``--timeout``) measures: build time to a first result on a batch of 1024; steady
@@ -62,11 +69,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+from peers import PEER_ADAPTERS, PEER_MODULES  # noqa: E402
+
 TOOLS = ["symkern", "symkern-nn", "lambdify-numpy", "lambdify-jax", "symengine", "sympy2jax",
          "jax-hand"]
-JAX_TOOLS = {"symkern", "symkern-nn", "lambdify-jax", "sympy2jax", "jax-hand"}
-#: which Python module each optional tool needs.
-OPTIONAL = {"symengine": "symengine", "sympy2jax": "sympy2jax"}
+#: the tools of the --peers profile: symkern in both dtypes, the float64 reference, the peers
+PEER_TOOLS = ["symkern", "symkern-f64", "lambdify-numpy", *PEER_ADAPTERS]
+#: which Python modules each optional tool needs.
+OPTIONAL = {"symengine": ("symengine",), "sympy2jax": ("sympy2jax",), **PEER_MODULES}
 
 FULL = {
     "workloads": ["pendulum", "net-2-3-2", "net-4-16-16-4", "net-8-32-32-8", "jac-2-3-2",
@@ -74,6 +84,14 @@ FULL = {
                   "expr-1e3", "expr-1e4", "expr-1e5"],
     "batch": 100_000, "build_batch": 1024, "repeats": 9, "latency_repeats": 200,
     "timeout": 420.0, "rounds": 15, "round_seconds": 2.0,
+}
+#: the sympy.physics.mechanics models (each also without its constant entries: like for
+#: like), the pendulum and the 4-16-16-4 network and its Jacobian, against the peers
+PEERS = {
+    "workloads": ["nlink-2", "nlink-2-nonconstant", "nlink-4", "nlink-4-nonconstant", "nlink-8",
+                  "nlink-8-nonconstant", "nlink-fixed-2", "pendulum", "net-4-16-16-4", "jac-4-16-16-4"],
+    "batch": 100_000, "build_batch": 1024, "repeats": 5, "latency_repeats": 50,
+    "timeout": 240.0, "rounds": 15, "round_seconds": 2.0,
 }
 QUICK = {
     "workloads": ["pendulum", "net-2-3-2", "expr-1e3"],
@@ -122,7 +140,7 @@ def _as_columns(out: Any, n: int) -> np.ndarray:
 
 
 class SymkernTool:
-    jax = True
+    jax, dtype, x64 = True, "float32", False
 
     def __init__(self, wl: Any) -> None:
         self.wl = wl
@@ -132,7 +150,7 @@ class SymkernTool:
 
         functions = {k: jax_impl for k, (jax_impl, _) in self.wl.functions.items()} or None
         self.kernel = sk.build_function(self.wl.eqs, self.wl.inputs, params=self.wl.params,
-                                        functions=functions)
+                                        functions=functions, dtype=self.dtype)
 
     def prepare(self, X: np.ndarray) -> Any:
         import jax
@@ -165,6 +183,22 @@ def _assembly_figures(kernel: Any) -> dict:
     """How a symkern kernel assembles its outputs (`assembly`, decided at build time) and
     its body's form (`form`); both None for anything else."""
     return {"assembly": getattr(kernel, "assembly", None), "form": getattr(kernel, "form", None)}
+
+
+class SymkernTool64(SymkernTool):
+    """symkern in float64 (the process enables jax_enable_x64 before anything is built)."""
+
+    dtype, x64 = "float64", True
+
+    def prepare(self, X: np.ndarray) -> Any:
+        import jax
+
+        return jax.device_put(X.astype(np.float64))
+
+    def params(self, tree: Any) -> Any:
+        import jax
+
+        return jax.tree_util.tree_map(lambda v: jax.device_put(np.asarray(v, np.float64)), tree)
 
 
 class SymkernNetworkTool(SymkernTool):
@@ -374,9 +408,26 @@ class JaxHandTool(_JittedBatchTool):
 
 
 
-ADAPTERS = {"symkern": SymkernTool, "symkern-nn": SymkernNetworkTool,
+ADAPTERS = {"symkern": SymkernTool, "symkern-f64": SymkernTool64, "symkern-nn": SymkernNetworkTool,
             "lambdify-numpy": LambdifyNumpyTool, "lambdify-jax": LambdifyJaxTool,
-            "symengine": SymengineTool, "sympy2jax": Sympy2JaxTool, "jax-hand": JaxHandTool}
+            "symengine": SymengineTool, "sympy2jax": Sympy2JaxTool, "jax-hand": JaxHandTool,
+            **PEER_ADAPTERS}
+
+
+def _dtype(tool: Any) -> str:
+    """The dtype a tool computes in: its own `dtype`, else float32 for JAX, float64 for NumPy."""
+    return getattr(tool, "dtype", "float32" if tool.jax else "float64")
+
+
+def _enable_x64_for(tools: list[str]) -> bool:
+    """Turn jax_enable_x64 on in this process when one of `tools` computes in float64 under
+    JAX (before anything is built); the float32 tools name their dtype, so they stay float32."""
+    import jax
+
+    needed = any(getattr(ADAPTERS[t], "x64", False) for t in tools)
+    if needed:
+        jax.config.update("jax_enable_x64", True)
+    return needed
 
 
 # ==== measurement (inside a subprocess) ===================================================
@@ -422,6 +473,7 @@ def job(name: str, directory: Path, tools: list[str], cfg: dict) -> dict:
     --quick runs a workload's tools together (process start-up dominates small cases).
     """
     out: dict[str, Any] = {"tools": {}}
+    x64 = _enable_x64_for(tools)
     path = directory / f"{name}.pkl"
     if not path.exists():
         out["prepare"] = prepare_workload(name, directory, cfg)
@@ -435,6 +487,7 @@ def job(name: str, directory: Path, tools: list[str], cfg: dict) -> dict:
         for tool in tools:
             try:
                 out["tools"][tool] = worker(tool, wl, X, ref, compiles, cfg, built)
+                out["tools"][tool]["x64"] = x64
             except Exception as exc:  # noqa: BLE001 - recorded per tool
                 out["tools"][tool] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:400]}
         if len(built) > 1:
@@ -444,6 +497,7 @@ def job(name: str, directory: Path, tools: list[str], cfg: dict) -> dict:
 
 def interleave_job(name: str, directory: Path, tools: list[str], cfg: dict) -> dict:
     """In one subprocess: build `tools` again and time them round-robin (`interleave`)."""
+    x64 = _enable_x64_for(tools)
     with open(directory / f"{name}.pkl", "rb") as fh:
         wl = pickle.load(fh)
     built, failed = {}, {}
@@ -456,6 +510,7 @@ def interleave_job(name: str, directory: Path, tools: list[str], cfg: dict) -> d
             failed[tool_name] = f"{type(exc).__name__}: {exc}"[:300]
     result = interleave(built, wl, cfg)
     result["failed"] = failed
+    result["x64"] = x64
     return result
 
 
@@ -528,7 +583,7 @@ def worker(tool_name: str, wl: Any, X: np.ndarray, ref: np.ndarray | None, compi
 
     result: dict[str, Any] = {"rss_start_mib": round(_rss_mib(), 1)}
     tool = ADAPTERS[tool_name](wl)
-    result["dtype"] = "float32" if tool.jax else "float64"
+    result["dtype"] = _dtype(tool)
 
     # -- build to the first result ---------------------------------------------------------
     t0 = time.perf_counter()
@@ -538,6 +593,8 @@ def worker(tool_name: str, wl: Any, X: np.ndarray, ref: np.ndarray | None, compi
     ps = tool.params(wl.param_values)
     out = _block(tool.call(data, ps))
     result["build_s"] = time.perf_counter() - t0
+    result["output_dtypes"] = sorted({str(np.asarray(leaf).dtype) for leaf in jax.tree_util.tree_leaves(out)
+                                      if np.ndim(leaf)})
     result["build_python_s"] = built - t0
     result["build_compiles"] = compiles[0]
     if ref is not None:
@@ -664,13 +721,12 @@ def _run_child(args: list[str], timeout: float, mem_gib: float) -> tuple[dict | 
 
 
 def _available(tool: str) -> str | None:
-    module = OPTIONAL.get(tool)
-    if module is None:
-        return None
-    try:
-        __import__(module)
-    except ImportError:
-        return f"not installed (pip install {module}; the `bench` extra)"
+    for module in OPTIONAL.get(tool, ()):
+        try:
+            __import__(module)
+        except ImportError:
+            extra = "peers" if tool in PEER_ADAPTERS else "bench"
+            return f"not installed (pip install {module}; the `{extra}` extra)"
     return None
 
 
@@ -678,7 +734,8 @@ def _versions() -> dict:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for dist in ("jax", "jaxlib", "sympy", "numpy", "symengine", "sympy2jax", "symkern"):
+    for dist in ("jax", "jaxlib", "sympy", "numpy", "symengine", "sympy2jax", "numba", "pytensor",
+                 "casadi", "symkern"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -738,9 +795,34 @@ def _interleave_workload(name: str, entry: dict, tmp: str, cfg: dict, mem_gib: f
           + (f"; left out: {', '.join(left_out)}" if left_out else ""), flush=True)
 
 
+def same_dtype_ratios(report: dict) -> dict:
+    """Per workload and dtype: symkern's throughput over the fastest other tool computing in
+    that dtype (interleaved figures where the workload has them), and which tool that was."""
+    out: dict[str, dict] = {}
+    for name, entry in report["workloads"].items():
+        by_dtype: dict[str, dict[str, float]] = {}
+        for tool, r in entry.get("tools", {}).items():
+            if r.get("status") == "ok":
+                by_dtype.setdefault(r["dtype"], {})[tool] = r["throughput"]
+        rows = {}
+        for dtype, rates in by_dtype.items():
+            ours = {t: v for t, v in rates.items() if t.startswith("symkern")}
+            others = {t: v for t, v in rates.items() if not t.startswith("symkern")}
+            if ours and others:
+                symkern, best = max(ours, key=ours.get), max(others, key=others.get)
+                rows[dtype] = {"symkern": symkern, "symkern_throughput": ours[symkern],
+                               "best_peer": best, "best_peer_throughput": others[best],
+                               "ratio": round(ours[symkern] / others[best], 3)}
+        if rows:
+            out[name] = rows
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small profile (< 60 s), for smoke tests")
+    parser.add_argument("--peers", action="store_true",
+                        help="numba, PyTensor and CasADi on the mechanics models (the `peers` extra)")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/<profile>.json)")
     parser.add_argument("--workloads", help="comma-separated subset")
     parser.add_argument("--tools", help="comma-separated subset")
@@ -769,14 +851,19 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
-    cfg = dict(QUICK if args.quick else FULL)
+    if args.quick and args.peers:
+        parser.error("--quick and --peers are two profiles: name one")
+    cfg = dict(QUICK if args.quick else PEERS if args.peers else FULL)
     if args.timeout:
         cfg["timeout"] = args.timeout
     if args.batch:
         cfg["batch"] = args.batch
     workload_names = args.workloads.split(",") if args.workloads else cfg["workloads"]
-    tool_names = args.tools.split(",") if args.tools else TOOLS
-    profile = "quick" if args.quick else "full"
+    tool_names = args.tools.split(",") if args.tools else PEER_TOOLS if args.peers else TOOLS
+    unknown = sorted(set(tool_names) - set(ADAPTERS))
+    if unknown:
+        parser.error(f"unknown tools {', '.join(unknown)}; the tools are {', '.join(ADAPTERS)}")
+    profile = "quick" if args.quick else "peers" if args.peers else "full"
     out_path = args.out or HERE / "results" / f"{profile}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
@@ -831,6 +918,7 @@ def main(argv: list[str] | None = None) -> int:
                 _print_line(tool, entry["tools"][tool])
             out_path.write_text(json.dumps(report, indent=1))  # partial results survive a crash
     report["elapsed_s"] = time.perf_counter() - started
+    report["ratios"] = same_dtype_ratios(report)
     out_path.write_text(json.dumps(report, indent=1))
     print(f"wrote {out_path} ({report['elapsed_s']:.0f} s)")
     return 0

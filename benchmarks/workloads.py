@@ -205,8 +205,15 @@ def check_network(sizes: tuple[int, ...] = (2, 3, 2)) -> None:
     assert np.allclose(ours, theirs, rtol=1e-12, atol=1e-14), (ours, theirs)
 
 
-def nlink_pendulum(n: int = 3) -> Workload:
-    """`n_link_pendulum_on_cart(n)` mass matrix and forcing, with q, u as plain symbols."""
+def nlink_pendulum(n: int = 3, constant_entries: bool = True, cart: bool = True) -> Workload:
+    """`n_link_pendulum_on_cart(n)` mass_matrix_full and forcing_full, q and u plain symbols.
+
+    `constant_entries=False` leaves out the entries that are numbers (the 0s and 1s of
+    mass_matrix_full's identity and zero blocks), which SymPy's and PyTensor's functions
+    return unbroadcast and a kernel writes for every sample: the like-for-like form.
+    `cart=False` holds the cart still (q0 = u0 = 0): the cart's rows and columns go, which
+    leaves the n-link pendulum's own equations (a pendulum on a fixed pivot).
+    """
     from sympy.physics.mechanics.models import n_link_pendulum_on_cart
 
     kane = n_link_pendulum_on_cart(n=n, cart_force=False)
@@ -221,14 +228,27 @@ def nlink_pendulum(n: int = 3) -> Workload:
     mapping.update({c: v for c, v in zip(q, plain_q, strict=True)})
     mass = kane.mass_matrix_full.xreplace(mapping)
     forcing = kane.forcing_full.xreplace(mapping)
-    constants = sorted((mass.free_symbols | forcing.free_symbols) - set(plain_q) - set(plain_u),
-                       key=lambda s: s.name)
+    states = list(plain_q) + list(plain_u)
+    if not cart:
+        keep = [k for k in range(len(states)) if k not in (0, len(plain_q))]
+        still = {plain_q[0]: 0, plain_u[0]: 0}
+        mass = mass.extract(keep, keep).xreplace(still)
+        forcing = forcing.extract(keep, [0]).xreplace(still)
+        states = [states[k] for k in keep]
+    constants = sorted((mass.free_symbols | forcing.free_symbols) - set(states), key=lambda s: s.name)
     rng = np.random.default_rng(1)
     values = {s.name: np.float64(9.81 if s.name == "g" else rng.uniform(0.5, 1.5)) for s in constants}
+    size = len(states)
+    note = f"mass_matrix_full ({size}x{size}) and forcing_full ({size}x1)"
+    name = f"nlink-{n}" if cart else f"nlink-fixed-{n}"
+    if not constant_entries:
+        varying = [e for e in mass if not e.is_Number]
+        note += f"; the {len(mass) - len(varying)} constant mass-matrix entries left out"
+        mass = sp.Matrix(varying)
+        name += "-nonconstant"
     eqs = [mass, forcing]
-    return Workload(f"nlink-{n}", eqs, list(plain_q) + list(plain_u), {s.name: s for s in constants},
-                    values, _ops(mass) + _ops(forcing),
-                    note="mass_matrix_full (8x8) and forcing_full (8x1)")
+    return Workload(name, eqs, states, {s.name: s for s in constants}, values,
+                    _ops(mass) + _ops(forcing), note=note)
 
 
 def table_lookup() -> Workload:
@@ -302,6 +322,10 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     **{f"net-{k}": (lambda s=s: network(s, False)) for k, s in NETWORKS.items()},
     **{f"jac-{k}": (lambda s=s: network(s, True)) for k, s in NETWORKS.items()},
     "nlink-3": nlink_pendulum,
+    # sympy.physics.mechanics models beyond the tuned set (compare.py --peers)
+    **{f"nlink-{n}": (lambda n=n: nlink_pendulum(n)) for n in (2, 4, 8)},
+    **{f"nlink-{n}-nonconstant": (lambda n=n: nlink_pendulum(n, constant_entries=False)) for n in (2, 4, 8)},
+    "nlink-fixed-2": lambda: nlink_pendulum(2, cart=False),
     "table-1MB": table_lookup,
     "energy-2d": oscillator_energy,
     "expr-1e3": lambda: generated(1000),
