@@ -10,7 +10,7 @@ at batch 1,024:
 
 * ``materialize``: costly values that several entries share computed once inside
   ``lax.cond`` (symkern.codegen.materialize) against the same kernel without the rule
-  (``build.MATERIALIZE_SHARED = False``), with the sine/cosine/tanh count of the compiled
+  (``BuildOptions(materialize=False)``), with the sine/cosine/tanh count of the compiled
   entries program (XLA repeats a shared producer in every consumer fusion);
 * ``whole`` (mid-size bodies): the defaults (one executable up to 5,000 operations) against
   pieces (the limit lowered to 2,000 operations) and the vectorized body.
@@ -36,8 +36,7 @@ import workloads  # noqa: E402
 from compare import round_robin  # noqa: E402
 
 import symkern as sk  # noqa: E402
-from symkern.batching import build  # noqa: E402
-from symkern.codegen import emit, materialize  # noqa: E402
+from symkern.codegen import emit, passes  # noqa: E402
 
 MATERIALIZE = ["pendulum", "net-2-3-2", "jac-2-3-2", "net-4-16-16-4", "nlink-3", "expr-1e3"]
 WHOLE = ["net-8-32-32-8", "jac-4-16-16-4"]
@@ -62,7 +61,7 @@ def _transcendentals(kernel, X, ps) -> int | None:
     assembly; with the assembly inside, XLA makes one fusion of everything)."""
     if kernel._pieces is not None:
         return None
-    text = kernel._compute_jitted.lower(*kernel._prepare((X, ps))).compile().as_text()
+    text = jax.jit(kernel.program.entries).lower(*kernel.prepare((X, ps))).compile().as_text()
     return len(re.findall(r"\b(sine|cosine|tanh)\(", text))
 
 
@@ -84,9 +83,7 @@ def measure(name: str, variants: dict, batch: int, rounds: int) -> None:
         leaves = jax.tree_util.tree_leaves(kernel(X, ps))
         diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                    for a, b in zip(leaves, reference, strict=True))
-        form = ("pieces" if kernel._pieces is not None else
-                "vectorized" if build.is_vectorized(kernel._generated.module) else "whole")
-        form += f", {kernel.assembly}" if kernel.assembly else ""
+        form = f"{kernel.form}, {kernel.assembly}"
         print(f"| {name} | {label} | {form} | {first:.2f} | {rate:.2f} | "
               f"{_transcendentals(kernel, X[:1024], ps)} | {diff:.1e} |", flush=True)
 
@@ -111,14 +108,13 @@ def main() -> None:
         if name in WHOLE:
             variants = {
                 "default": ({}, {}),
-                "pieces (2,000-op limit)": ({(build, "SPLIT_ABOVE_OPERATIONS"): 2000,
+                "pieces (2,000-op limit)": ({(passes, "SPLIT_ABOVE_OPERATIONS"): 2000,
                                              (emit, "SHARE_PAIRS_ABOVE_OPERATIONS"): 2000}, {}),
                 "vectorize=True": ({}, {"vectorize": True}),
             }
         else:
             variants = {"materialize (default)": ({}, {}),
-                        "any operands": ({(materialize, "NAMED_OPERANDS_ONLY"): False}, {}),
-                        "without": ({(build, "MATERIALIZE_SHARED"): False}, {})}
+                        "without": ({}, {"options": sk.BuildOptions(materialize=False)})}
         measure(name, variants, args.batch, args.rounds)
 
 

@@ -181,7 +181,8 @@ class Kernel:
         # jit functions that reach this kernel through a weak reference: a strong one would
         # make a cycle, and a dropped kernel's executables and const args would wait for
         # Python's cyclic collector instead of being freed at once
-        self._jitted = jax.jit(weak_method(self, "_evaluate"))
+        # traced calls (jit, grad, vmap): `jax.vmap` folds its axis into the batch
+        self._jitted = jax.jit(weak_method(self, "_evaluate_traced"))
         # Top-level calls run the entries and their assembly as two executables: stacking
         # scalar entries inside the fused body measured 100x slower (docs/design/output-assembly.md).
         self._compute_jitted = jax.jit(weak_method(self, "_compute"))
@@ -275,6 +276,9 @@ class Kernel:
 
     def _evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
         return self.program.evaluate(const_args, data, parameter_leaves)
+
+    def _evaluate_traced(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
+        return self.program.vmappable(const_args, data, parameter_leaves)
 
     def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
         """The direct path's traced function: the call's own arguments, checked here.

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.extend.core import Var
 
 from symkern.codegen.pipeline import GeneratedCode
@@ -68,6 +69,7 @@ class ScalarProgram:
         # the generated code reads `ps[key]` at every level: a tree with nodes read by
         # attribute (namedtuple, dataclass) reaches it as nested dicts (code_parameters)
         self._parameters_by_path = not _subscriptable(signature.parameter_treedef)
+        self._vmappable: Callable[..., Any] | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -143,6 +145,70 @@ class ScalarProgram:
         """The equations' values: `assemble(entries(...))`."""
         return self.assemble(self.entries(const_args, data, parameter_leaves))
 
+    #: whether a parameter leaf of shape () mapped by `jax.vmap` can be folded into the
+    #: batch (the generated code reads it only in elementwise arithmetic)
+    folds_scalar_parameters = True
+
+    @property
+    def vmappable(self) -> Callable[..., Any]:
+        """`evaluate` as `jax.vmap` should see it: a mapped axis of the data is folded into
+        the program's own batch (one leading batch axis more), so that `jax.vmap(kernel)`
+        runs the kernel's own batched program instead of JAX's batching of each of its
+        operations (which turns its conditionals into selects computing both branches).
+
+        Parameter leaves mapped per sample fold too where they are scalars of a scalar
+        body (reshaped to broadcast against the batch); any other mapped parameter, or a
+        mapped argument without mapped data, takes JAX's own batching. Derivatives are the
+        unfolded program's (`jax.custom_jvp`), so `jax.grad` and `jax.jvp` go through, and
+        `jax.vmap` of them takes JAX's batching.
+        """
+        if self._vmappable is None:
+            self._vmappable = _foldable(self)
+        return self._vmappable
+
+
+def _foldable(program: ScalarProgram) -> Callable[..., Any]:
+    """`program.evaluate` with the batching rule of `ScalarProgram.vmappable`."""
+    evaluate = program.evaluate
+    ranks = [len(spec.shape) for spec in program.signature.data]
+    scalar_leaves = [spec.shape == () for spec in program.signature.parameters]
+
+    @custom_vmap
+    def folded(const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
+        return evaluate(const_args, data, parameter_leaves)
+
+    @folded.def_vmap
+    def fold(axis_size: int, in_batched: tuple, const_args: tuple, data: tuple,
+             parameter_leaves: tuple) -> tuple[Any, Any]:
+        const_batched, data_batched, leaves_batched = in_batched
+        unfolded = (any(const_batched) or not any(data_batched)
+                    or any(mapped and not (scalar and program.folds_scalar_parameters)
+                           for mapped, scalar in zip(leaves_batched, scalar_leaves, strict=True)))
+        if unfolded:
+            axes = jax.tree_util.tree_map(lambda mapped: 0 if mapped else None, in_batched)
+            out = jax.vmap(evaluate, in_axes=axes)(const_args, data, parameter_leaves)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
+        batch = next(tuple(array.shape[:array.ndim - rank])
+                     for array, rank, mapped in zip(data, ranks, data_batched, strict=True)
+                     if mapped)
+        data = tuple(array if mapped else jnp.broadcast_to(array, batch + array.shape[array.ndim - rank:])
+                     for array, rank, mapped in zip(data, ranks, data_batched, strict=True))
+        parameter_leaves = tuple(
+            jnp.reshape(leaf, (axis_size,) + (1,) * (len(batch) - 1)) if mapped else leaf
+            for leaf, mapped in zip(parameter_leaves, leaves_batched, strict=True))
+        out = evaluate(const_args, data, parameter_leaves)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def vmappable(const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
+        return folded(const_args, data, parameter_leaves)
+
+    @vmappable.defjvp
+    def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+        return jax.jvp(evaluate, primals, tangents)
+
+    return vmappable
+
 
 class StructuredProgram(ScalarProgram):
     """A structured network's array program: its function returns *pieces*, whole leaves
@@ -152,6 +218,9 @@ class StructuredProgram(ScalarProgram):
 
     With `tile_chunk`, a batch of more samples runs that many at a time (`lax.map`).
     """
+
+    #: a structured body reads its parameters as whole matrices (`x @ W.T`)
+    folds_scalar_parameters = False
 
     def __init__(self, generated: GeneratedCode, function: Callable[..., tuple[Any, ...]],
                  signature: KernelSignature, equations: EquationSet,

@@ -50,28 +50,6 @@ def _constant(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant)
 
 
-#: only costly operations whose operands are named values (a data read, a local, a
-#: parameter) or constants: XLA copies such a unary producer into every consumer fusion;
-#: one whose operand is itself arithmetic (a network's tanh of a sum) it kept materialized
-NAMED_OPERANDS_ONLY = True
-
-
-def _named(node: ast.expr) -> bool:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        node = node.operand
-    while isinstance(node, ast.Subscript):
-        node = node.value
-    return isinstance(node, (ast.Name, ast.Constant))
-
-
-def _operands_allowed(node: ast.expr) -> bool:
-    if not NAMED_OPERANDS_ONLY:
-        return True
-    if isinstance(node, ast.BinOp):
-        return _named(node.left) and _named(node.right)
-    return all(_named(a) for a in node.args)  # type: ignore[attr-defined]
-
-
 def is_costly(node: ast.AST, batched: set[str]) -> bool:
     """Whether an expression holds, on a value that reads one of the `batched` names, a
     call or operator that XLA should not repeat in every fusion: a costly `jnp` function,
@@ -80,8 +58,7 @@ def is_costly(node: ast.AST, batched: set[str]) -> bool:
     for current in ast.walk(node):
         if isinstance(current, ast.BinOp):
             if (isinstance(current.op, (ast.Div, ast.Mod)) and not _constant(current.right)
-                    or isinstance(current.op, ast.Pow)) and _reads_any(current, batched) \
-                    and _operands_allowed(current):
+                    or isinstance(current.op, ast.Pow)) and _reads_any(current, batched):
                 return True
             continue
         if not isinstance(current, ast.Call):
@@ -97,7 +74,7 @@ def is_costly(node: ast.AST, batched: set[str]) -> bool:
                 and isinstance(current.args[1].op, ast.USub))
         else:
             costly = False
-        if costly and _reads_any(current, batched) and _operands_allowed(current):
+        if costly and _reads_any(current, batched):
             return True
     return False
 
