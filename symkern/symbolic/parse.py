@@ -18,14 +18,19 @@ from symkern.errors import BuildError
 
 #: the longest expression text accepted (a command line, not a file)
 MAX_LENGTH = 10_000
-#: the most decimal digits of an exact number, written or computed: SymPy computes powers,
-#: gamma and the like of exact numbers exactly (2**(10**1000) would never finish), and
-#: Python prints no integer above 4,300 digits
-MAX_DIGITS = 1_000
+#: the most decimal digits of a number, exact or not (`exp(10**6)`), written or computed:
+#: float64 holds nothing above 1.8e308, SymPy computes powers, gamma and the like of exact
+#: numbers exactly (2**(10**1000) would never finish), Python prints no integer above 4,300
+#: digits, and SymPy evaluates a number wherever it must decide it (floor, Mod, sign) to
+#: all its digits (floor(exp(10**6)) never finished, a 1,000-digit Mod took 2.6 s)
+MAX_DIGITS = 308
 #: the largest number gamma, loggamma, digamma, polygamma and beta take: SymPy evaluates
 #: them exactly at integers (gamma(10**9) would never finish; gamma(300) has 613 digits)
 MAX_GROWING_ARGUMENT = 300
 GROWING_FUNCTIONS = frozenset({"gamma", "loggamma", "digamma", "polygamma", "beta"})
+#: polygamma(n, m) at an integer m sums 1/k**(n+1) exactly: polygamma(100, 300) took
+#: 0.24 s (43,593-bit numbers), polygamma(300, 300) 2.0 s (129,934 bits)
+MAX_POLYGAMMA_PRODUCT = 3_000
 #: the deepest nesting (a chain of + - or of * / is one level) and the highest tower of
 #: powers: SymPy's printers and Python's compiler recurse on the expression later
 MAX_DEPTH = 100
@@ -103,17 +108,20 @@ def _check_power(base: sp.Basic, exponent: sp.Basic, node: ast.AST) -> None:
         return
     digits = _magnitude(exponent) * _bases_digits(base)
     if digits > MAX_DIGITS:
-        raise _reject(node, f"a power with an exact result of more than {MAX_DIGITS:,} digits")
+        raise _reject(node, f"a power with an exact result of more than {MAX_DIGITS} digits")
 
 
 def _check_call(name: str, arguments: list[Any], node: ast.AST) -> None:
     """Refuse numeric arguments that would make SymPy compute a huge exact number."""
     if name in GROWING_FUNCTIONS:
-        for argument in arguments:
-            if isinstance(argument, sp.Basic) and argument.is_number \
-                    and _magnitude(argument) > MAX_GROWING_ARGUMENT:
-                raise _reject(node, f"{name} of a number above {MAX_GROWING_ARGUMENT} (SymPy "
-                              "would compute it exactly)")
+        numeric = [_magnitude(argument) for argument in arguments
+                   if isinstance(argument, sp.Basic) and argument.is_number]
+        if any(size > MAX_GROWING_ARGUMENT for size in numeric):
+            raise _reject(node, f"{name} of a number above {MAX_GROWING_ARGUMENT} (SymPy "
+                          "would compute it exactly)")
+        if name == "polygamma" and math.prod(numeric) > MAX_POLYGAMMA_PRODUCT:
+            raise _reject(node, f"polygamma(n, x) with n*x above {MAX_POLYGAMMA_PRODUCT:,} "
+                          "(SymPy would compute it exactly)")
     elif name == "Pow" and len(arguments) == 2:
         _check_power(*arguments, node)
     elif name == "root" and len(arguments) >= 2 and isinstance(arguments[1], sp.Basic) \
@@ -130,12 +138,29 @@ def _check_call(name: str, arguments: list[Any], node: ast.AST) -> None:
 
 
 def _check_size(value: Any, node: ast.AST) -> Any:
-    """`value`, unless an exact number in it (at its top) has more than MAX_DIGITS digits."""
-    if isinstance(value, sp.Basic):
-        parts = (value,) + (value.args if value.is_Add or value.is_Mul else ())
-        for part in parts:
-            if isinstance(part, sp.Rational) and _rational_digits(part) > MAX_DIGITS:
-                raise _reject(node, f"an exact number of more than {MAX_DIGITS:,} digits")
+    """`value`, unless an exact number in it has more than MAX_DIGITS digits, or it is a
+    number (no symbols: `exp(10**6)`, `10**99*pi`) whose magnitude has more: SymPy would
+    evaluate it to all its digits wherever it must decide it (floor, Mod, sign, Max)."""
+    if not isinstance(value, sp.Basic):
+        return value
+    numbers = (value,) if isinstance(value, sp.Rational) else value.atoms(sp.Rational)
+    if any(_rational_digits(number) > MAX_DIGITS for number in numbers):
+        raise _reject(node, f"an exact number of more than {MAX_DIGITS} digits")
+    if isinstance(value, sp.Expr) and value.is_number and value.is_finite is not False \
+            and not isinstance(value, (sp.Rational, sp.Float)) and value is not sp.nan:
+        try:
+            number = complex(value.evalf(15))
+        except OverflowError:
+            number = complex(math.inf)
+        except Exception:  # noqa: BLE001 - whatever SymPy raises evaluating it
+            raise _reject(node, "a number SymPy cannot evaluate") from None
+        if abs(number) >= 10.0**MAX_DIGITS:
+            raise _reject(node, f"a number of more than {MAX_DIGITS} digits")
+        # a kernel computes in real numbers, and SymPy's Max and Min of a complex number
+        # never returned (Max(-x0, atan2(acos(2), 1)))
+        if abs(number.imag) > 1e-12 * abs(number):
+            raise _reject(node, f"the complex number {str(value)[:60]} (kernels compute in "
+                          "real numbers)")
     return value
 
 
@@ -179,7 +204,7 @@ def _validate(tree: ast.Expression, symbols: Mapping[str, Any], functions: Mappi
             if type(node.value) not in (int, float, bool):
                 raise _reject(node, f"the constant {node.value!r}")
             if type(node.value) is int and node.value.bit_length() * LOG10_2 > MAX_DIGITS:
-                raise _reject(node, f"an integer of more than {MAX_DIGITS:,} digits")
+                raise _reject(node, f"an integer of more than {MAX_DIGITS} digits")
             continue
         if isinstance(node, ast.Name):
             if node.id not in symbols and node.id not in functions:
@@ -332,6 +357,11 @@ def parse_expression(text: str, symbols: Mapping[str, sp.Symbol],
     except Exception as error:  # noqa: BLE001 - whatever SymPy raises for these arguments
         raise BuildError(f"EXPR: SymPy could not build {text.strip()[:200]!r}: "
                          f"{type(error).__name__}: {str(error)[:200]}") from None
+    try:
+        str(result)  # SymPy evaluates some numbers only to print them
+    except Exception as error:  # noqa: BLE001 - whatever SymPy raises for these numbers
+        raise BuildError(f"EXPR: SymPy cannot print {text.strip()[:200]!r}: "
+                         f"{type(error).__name__}") from None
     if not isinstance(result, sp.Expr):
         raise BuildError(f"EXPR: expected a numeric expression, got {type(result).__name__} "
                          f"{str(result)[:200]}; use Piecewise to turn a condition into a value")
