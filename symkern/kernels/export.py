@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap, sequential_vmap
 
 from symkern.errors import ArgumentError, ConstArgsError, DtypeMismatchError
 from symkern.kernels.values import as_real_array
@@ -87,6 +88,57 @@ def _blob_digest(header: dict[str, Any], program: bytes) -> str:
     return digest.hexdigest()
 
 
+def _vmappable_call(call: Any, batch_rank: int) -> Any:
+    """The exported `call(const_args, data, ps)` with a batching rule: `jax.vmap` folds a
+    mapped axis of the data into the first batch axis of the exported program (whose batch
+    sizes are symbolic), where the program has one and only data is mapped; otherwise the
+    mapped axis runs as a loop (`lax.map`). Reverse mode goes through the exported
+    program's own derivative (its forward pass runs again in the backward pass), as a loop
+    over a mapped axis: `jax.export` has no batching rule for an exported call."""
+
+    @custom_vmap
+    def folded(const_args: tuple, data: tuple, ps: Any) -> Any:
+        return call(const_args, data, ps)
+
+    @folded.def_vmap
+    def fold(axis_size: int, in_batched: tuple, const_args: tuple, data: tuple,
+             ps: Any) -> tuple[Any, Any]:
+        const_batched, data_batched, ps_batched = in_batched
+        if (batch_rank and all(data_batched) and not any(const_batched)
+                and not any(jax.tree_util.tree_leaves(ps_batched))):
+            merged = tuple(d.reshape((axis_size * d.shape[1],) + d.shape[2:]) for d in data)
+            out = call(const_args, merged, ps)
+            out = jax.tree_util.tree_map(
+                lambda leaf: leaf.reshape((axis_size, leaf.shape[0] // axis_size)
+                                          + leaf.shape[1:]), out)
+        else:
+            def one(k: Any) -> Any:
+                pick = lambda tree, mapped: jax.tree_util.tree_map(  # noqa: E731
+                    lambda leaf, m: jnp.asarray(leaf)[k] if m else leaf, tree, mapped)
+                return call(pick(const_args, const_batched), pick(data, data_batched),
+                            pick(ps, ps_batched))
+
+            out = jax.lax.map(one, jnp.arange(axis_size))
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    @jax.custom_vjp
+    def vmappable(const_args: tuple, data: tuple, ps: Any) -> Any:
+        return folded(const_args, data, ps)
+
+    def forward(const_args: tuple, data: tuple, ps: Any) -> tuple[Any, Any]:
+        return folded(const_args, data, ps), (const_args, data, ps)
+
+    @sequential_vmap
+    def backward_pass(inputs: tuple, cotangent: Any) -> tuple:
+        return jax.vjp(call, *inputs)[1](cotangent)
+
+    def backward(inputs: tuple, cotangent: Any) -> tuple:
+        return backward_pass(inputs, cotangent)
+
+    vmappable.defvjp(forward, backward)
+    return vmappable
+
+
 class LoadedKernel:
     """An exported kernel loaded back, with its const args supplied by the caller.
 
@@ -103,6 +155,7 @@ class LoadedKernel:
         avals = exported.in_avals  # const args, data, then the ps leaves
         self._ps_shapes = [tuple(aval.shape)
                            for aval in avals[len(avals) - self._ps_treedef.num_leaves:]]
+        self._vmappable: Any = None
 
     def __call__(self, *args: Any) -> Any:
         _check_x64(self.header)
@@ -126,10 +179,18 @@ class LoadedKernel:
             # symbolic batch sizes are at least 1: run one sample of zeros, keep none of it
             ones = tuple(max(n, 1) for n in batch)
             data = tuple(jnp.zeros(ones + a.shape[len(batch):], a.dtype) for a in data)
-            out = self.exported.call(self.const_args, data, ps)
+            out = self._call(self.const_args, data, ps)
             return jax.tree_util.tree_map(
                 lambda leaf: leaf[tuple(slice(0, n) for n in batch)], out)
-        return self.exported.call(self.const_args, data, ps)
+        return self._call(self.const_args, data, ps)
+
+    @property
+    def _call(self) -> Any:
+        if self._vmappable is None:
+            self._vmappable = _vmappable_call(self.exported.call,
+                                              self.header["data"][0]["shape"].count(None)
+                                              if self.header["data"] else 0)
+        return self._vmappable
 
     def _parameters(self, ps: Any) -> Any:
         """`ps` as the exported function takes it, checked against its tree and shapes."""

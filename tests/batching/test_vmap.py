@@ -133,3 +133,34 @@ def test_vmap_of_a_kernel_with_two_data_arguments_one_unmapped():
     Ys = np.linspace(-1, 1, 5)
     got = jax.vmap(lambda yy: kernel(X[0], yy))(Ys)
     np.testing.assert_allclose(np.asarray(got), np.sin(X[0, 0]) * Ys + X[0, 1], rtol=1e-12)
+
+
+# ---- loaded kernels ----------------------------------------------------------------------
+
+LOADED = sk.load(KERNEL.export(data(5), PS), KERNEL.const_args)
+LOADED_ONE = sk.load(KERNEL.export(data(), PS), KERNEL.const_args)  # a batch of rank 0
+
+
+def test_vmap_of_a_loaded_kernel_folds_into_its_batch():
+    X = data(4, 5)
+    close(jax.vmap(lambda x: LOADED(x, PS))(X), KERNEL(X, PS))
+    close(jax.jit(jax.vmap(lambda x: LOADED(x, PS)))(X), KERNEL(X, PS))
+    # the exported program runs once over the merged batch: no loop
+    assert "while" not in str(jax.make_jaxpr(jax.vmap(lambda x: LOADED(x, PS)))(X))
+
+
+def test_vmap_of_a_loaded_kernel_loops_where_it_cannot_fold():
+    X = data(6)
+    close(jax.vmap(lambda x: LOADED_ONE(x, PS))(X), KERNEL(X, PS))  # no batch axis to fold into
+    ensemble = {"a": np.linspace(0.1, 0.9, 4), "c": np.linspace(-1, 1, 4)}
+    Xs = data(4, 5)
+    close(jax.vmap(lambda x, p: LOADED(x, p))(Xs, ensemble), jax.vmap(hand)(Xs, ensemble))
+
+
+def test_grad_through_vmap_of_a_loaded_kernel():
+    X = data(3, 5)
+    want = jax.grad(lambda X: _total(hand(X, PS)))(jnp.asarray(X))
+    close(jax.grad(lambda X: _total(jax.vmap(lambda x: LOADED(x, PS))(X)))(X), want)
+    close(jax.vmap(jax.grad(lambda x: _total(LOADED(x, PS))))(X), want)
+    want_p = jax.grad(lambda p: _total(hand(X, p)))(PS)
+    close(jax.grad(lambda p: _total(jax.vmap(lambda x: LOADED(x, p))(X)))(PS), want_p)
