@@ -7,6 +7,7 @@ example expression in symkern/codegen/drift.py (CALLEE_EXAMPLES), which is its d
 from __future__ import annotations
 
 import ast
+import difflib
 from dataclasses import dataclass
 
 from symkern.errors import CodegenDriftError
@@ -16,15 +17,18 @@ from symkern.errors import CodegenDriftError
 class Callee:
     """Where a printed callee goes: `target` is a dotted path in the kernel namespace,
     `sympy` the SymPy functions that print as this callee (for messages and drift tests),
-    `arity` the number of positional arguments accepted (None: any)."""
+    `arity` the number of positional arguments accepted (None: any), `elementwise` whether
+    each output element reads only the same element of every argument (False for the
+    array constructors and reductions, which would mix samples)."""
 
     target: str
     sympy: tuple[str, ...]
     arity: int | None = 1
+    elementwise: bool = True
 
 
-def _row(target: str, *sympy: str, arity: int | None = 1) -> Callee:
-    return Callee(target, sympy, arity)
+def _row(target: str, *sympy: str, arity: int | None = 1, elementwise: bool = True) -> Callee:
+    return Callee(target, sympy, arity, elementwise)
 
 
 #: printed callee name -> where it goes. The printed name is what SymPy's JAX printer
@@ -69,25 +73,107 @@ CALLEE_TABLE: dict[str, Callee] = {
     "erfinv": _row("jsp.erfinv", "erfinv"),
     "gamma": _row("jsp.gamma", "gamma", "beta"),
     "lgamma": _row("jsp.gammaln", "loggamma"),
-    "polygamma": _row("jsp.polygamma", "polygamma", "digamma", arity=2),
-    "select": _row("jnp.select", "Piecewise", "Heaviside", arity=2),
+    "polygamma": _row("special.polygamma", "polygamma", "digamma", arity=2),
+    "select": _row("jnp.select", "Piecewise", "Heaviside", arity=2, elementwise=False),
     "greater": _row("jnp.greater", "StrictGreaterThan", arity=2),
     "greater_equal": _row("jnp.greater_equal", "GreaterThan", arity=2),
     "less": _row("jnp.less", "StrictLessThan", arity=2),
     "less_equal": _row("jnp.less_equal", "LessThan", arity=2),
     "equal": _row("jnp.equal", "Equality", arity=2),
     "not_equal": _row("jnp.not_equal", "Unequality", arity=2),
-    "all": _row("jnp.all", "And", "Xor", arity=1),
-    "any": _row("jnp.any", "Or", "Xor", arity=1),
-    "asarray": _row("jnp.asarray", "And", "Or"),
-    "array": _row("jnp.array", "Matrix", "Array"),
+    "all": _row("jnp.all", "And", "Xor", arity=1, elementwise=False),
+    "any": _row("jnp.any", "Or", "Xor", arity=1, elementwise=False),
+    "asarray": _row("jnp.asarray", "And", "Or", elementwise=False),
+    "array": _row("jnp.array", "Matrix", "Array", elementwise=False),
+    "logical_not": _row("jnp.logical_not", "Not"),
+    "isinf": _row("jnp.isinf", "isinf"),
+    "isnan": _row("jnp.isnan", "isnan"),
+    "logaddexp": _row("jnp.logaddexp", "logaddexp", arity=2),
+    "logaddexp2": _row("jnp.logaddexp2", "logaddexp2", arity=2),
+    # the special functions symkern writes in JAX (symkern.codegen.special)
+    "factorial": _row("special.factorial", "factorial"),
+    "binomial": _row("special.binomial", "binomial", arity=2),
+    "uppergamma": _row("special.uppergamma", "uppergamma", arity=2),
+    "lowergamma": _row("special.lowergamma", "lowergamma", arity=2),
+    "betainc": _row("special.betainc", "betainc", arity=4),
+    "betainc_regularized": _row("special.betainc_regularized", "betainc_regularized", arity=4),
+    "Ei": _row("jsp.expi", "Ei"),
+    "expint": _row("special.expint", "expint", "E1", arity=2),
+    "Si": _row("special.Si", "Si"),
+    "Ci": _row("special.Ci", "Ci"),
+    "Shi": _row("special.Shi", "Shi"),
+    "Chi": _row("special.Chi", "Chi"),
+    "li": _row("special.li", "li"),
+    "Li": _row("special.Li", "Li"),
+    "fresnels": _row("special.fresnels", "fresnels"),
+    "fresnelc": _row("special.fresnelc", "fresnelc"),
+    "erfi": _row("special.erfi", "erfi"),
+    "erfcinv": _row("special.erfcinv", "erfcinv"),
+    "cosm1": _row("special.cosm1", "cosm1"),
+    "powm1": _row("special.powm1", "powm1", arity=2),
+    "zeta": _row("special.zeta", "zeta", arity=None),
+    "harmonic": _row("special.harmonic", "harmonic", arity=None),
+    "bernoulli": _row("special.bernoulli", "bernoulli", arity=None),
+    "LambertW": _row("special.LambertW", "LambertW", arity=None),
+    "elliptic_k": _row("special.elliptic_k", "elliptic_k"),
+    "elliptic_e": _row("special.elliptic_e", "elliptic_e", arity=None),
+    "besselj": _row("special.besselj", "besselj", arity=2),
+    "besseli": _row("special.besseli", "besseli", arity=2),
+    "besselk": _row("special.besselk", "besselk", arity=2),
+    "legendre": _row("special.legendre", "legendre", arity=2),
+    "assoc_legendre": _row("special.assoc_legendre", "assoc_legendre", arity=3),
+    "chebyshevt": _row("special.chebyshevt", "chebyshevt", arity=2),
+    "chebyshevu": _row("special.chebyshevu", "chebyshevu", arity=2),
+    "hermite": _row("special.hermite", "hermite", arity=2),
+    "laguerre": _row("special.laguerre", "laguerre", arity=2),
+    "assoc_laguerre": _row("special.assoc_laguerre", "assoc_laguerre", arity=3),
+    "gegenbauer": _row("special.gegenbauer", "gegenbauer", arity=3),
+    "jacobi": _row("special.jacobi", "jacobi", arity=4),
 }
 
 #: SymPy functions that print only through other rows (no callee of their own).
-COMPOSITE_SYMPY = ("cbrt", "root", "Not", "Pow", "sec", "csc")
+COMPOSITE_SYMPY = ("cbrt", "root", "Pow", "sec", "csc", "RisingFactorial", "FallingFactorial",
+                   "factorial2", "maximum", "minimum")
+
+#: SymPy functions symkern refuses, each with the reason and the route a user can take:
+#: `symkern.errors.UnsupportedFunctionError` carries both, and docs/coverage.md lists them.
+REFUSED_SYMPY: dict[str, str] = {
+    "bessely": "JAX has no Bessel function of the second kind; write Y_n through its "
+               "integral representation in a functions= implementation",
+    "airyai": "JAX has no Airy function; for x > 0, rewrite it through besselk "
+              "(expr.rewrite(sp.besselk) where SymPy can) or pass a functions= implementation",
+    "airybi": "JAX has no Airy function; pass a functions= implementation",
+    "airyaiprime": "JAX has no Airy function; pass a functions= implementation",
+    "airybiprime": "JAX has no Airy function; pass a functions= implementation",
+    "elliptic_f": "the incomplete elliptic integral has no JAX implementation in symkern; "
+                  "pass a functions= implementation (Carlson's R_F)",
+    "elliptic_pi": "the elliptic integral of the third kind has no JAX implementation in "
+                   "symkern; pass a functions= implementation",
+    "hankel1": "a Hankel function is complex-valued; write it as besselj + I*bessely",
+    "hankel2": "a Hankel function is complex-valued; write it as besselj - I*bessely",
+    "polylog": "the polylogarithm has no JAX implementation in symkern; try "
+               "expr.rewrite(sp.lerchphi) or .doit(), or pass a functions= implementation",
+    "lerchphi": "the Lerch transcendent has no JAX implementation in symkern; pass a "
+                "functions= implementation",
+    "hyper": "a generalized hypergeometric function has no JAX implementation in symkern; "
+             "try sp.hyperexpand(expr), or pass a functions= implementation",
+    "meijerg": "a Meijer G-function has no JAX implementation in symkern; try "
+               "sp.hyperexpand(expr), or pass a functions= implementation",
+    "Ynm": "a spherical harmonic is complex-valued; use Ynm(...).expand(func=True) and its "
+           "real part (sp.re), or assoc_legendre with cos/sin",
+    "Znm": "write the real spherical harmonic with assoc_legendre and cos/sin",
+    "KroneckerDelta": "write KroneckerDelta(i, j) as Piecewise((1, Eq(i, j)), (0, True))",
+    "subfactorial": "write subfactorial(n) as its sum, or uppergamma(n + 1, -1)/E",
+    "erf2inv": "write erf2inv(x, y) as erfinv(y + erf(x))",
+    "mathieus": "Mathieu functions have no JAX implementation; pass a functions= "
+                "implementation",
+    "mathieuc": "Mathieu functions have no JAX implementation; pass a functions= "
+                "implementation",
+}
 
 #: printed constant names -> where they go.
-CONSTANT_TABLE: dict[str, str] = {"pi": "jnp.pi", "e": "jnp.e", "nan": "jnp.nan", "inf": "jnp.inf"}
+CONSTANT_TABLE: dict[str, str] = {"pi": "jnp.pi", "e": "jnp.e", "nan": "jnp.nan", "inf": "jnp.inf",
+                                  "euler_gamma": "special.EULER_GAMMA"}
 
 #: dotted prefixes that name a module (a function reached through one is not a method call).
 MODULE_PREFIXES = (
@@ -99,6 +185,22 @@ MODULE_PREFIXES = (
 SUPPORTED_SYMPY_FUNCTIONS = frozenset(
     name for callee in CALLEE_TABLE.values() for name in callee.sympy
 ) | frozenset(COMPOSITE_SYMPY)
+
+
+def unsupported_message(name: str, supported: frozenset[str] = SUPPORTED_SYMPY_FUNCTIONS) -> str:
+    """Why SymPy function `name` is refused, and the nearest supported route.
+
+    >>> unsupported_message("airyai").split(";")[0]
+    'eqs: SymPy function airyai has no JAX implementation in symkern (JAX has no Airy function'
+    """
+    reason = REFUSED_SYMPY.get(name)
+    if reason is not None:
+        return f"eqs: SymPy function {name} has no JAX implementation in symkern ({reason})"
+    close = difflib.get_close_matches(name, sorted(supported), n=3, cutoff=0.6)
+    nearest = f"; the nearest supported: {', '.join(close)}" if close else ""
+    return (f"eqs: SymPy function {name} has no JAX implementation in symkern; rewrite it "
+            f"(e.g. with .rewrite() or .doit()) or pass it as an undefined Function with "
+            f"functions={{...}}{nearest} (docs/coverage.md lists what is supported)")
 
 
 def dotted_name(node: ast.expr) -> str | None:

@@ -373,7 +373,55 @@ CALLEE_EXAMPLES: dict[str, Callable[[sp.Symbol, sp.Symbol], sp.Basic]] = {
     "And": lambda x, y: sp.Piecewise((x, sp.And(x > 0, y > 0)), (y, True)),
     "Or": lambda x, y: sp.Piecewise((x, sp.Or(x > 0, y > 0)), (y, True)),
     "Xor": lambda x, y: sp.Piecewise((x, sp.Xor(x > 0, y > 0)), (y, True)),
-    "Not": lambda x, y: sp.Piecewise((x, sp.Not(x > y)), (y, True)),
+    "Not": lambda x, y: sp.Piecewise((x, sp.Not(_cfunction("isnan")(x))), (y, True)),
+    "isinf": lambda x, y: sp.Piecewise((x, _cfunction("isinf")(x)), (y, True)),
+    "isnan": lambda x, y: sp.Piecewise((x, _cfunction("isnan")(x)), (y, True)),
+    "logaddexp": lambda x, y: _numpy_node("logaddexp")(x, y),
+    "logaddexp2": lambda x, y: _numpy_node("logaddexp2")(x, y),
+    "maximum": lambda x, y: _numpy_node("maximum")(x, y),
+    "minimum": lambda x, y: _numpy_node("minimum")(x, y),
+    "cosm1": lambda x, y: _scipy_node("cosm1")(x),
+    "powm1": lambda x, y: _scipy_node("powm1")(x, y),
+    "factorial": lambda x, y: sp.factorial(x),
+    "factorial2": lambda x, y: sp.factorial2(x),
+    "RisingFactorial": lambda x, y: sp.RisingFactorial(x, y),
+    "FallingFactorial": lambda x, y: sp.FallingFactorial(x, y),
+    "binomial": lambda x, y: sp.binomial(x, y),
+    "uppergamma": lambda x, y: sp.uppergamma(x, y),
+    "lowergamma": lambda x, y: sp.lowergamma(x, y),
+    "betainc": lambda x, y: sp.betainc(x, y, 0, sp.Rational(1, 2)),
+    "betainc_regularized": lambda x, y: sp.betainc_regularized(x, y, 0, sp.Rational(1, 2)),
+    "Ei": lambda x, y: sp.Ei(x),
+    "expint": lambda x, y: sp.expint(y, x),
+    "E1": lambda x, y: sp.E1(x),
+    "Si": lambda x, y: sp.Si(x),
+    "Ci": lambda x, y: sp.Ci(x),
+    "Shi": lambda x, y: sp.Shi(x),
+    "Chi": lambda x, y: sp.Chi(x),
+    "li": lambda x, y: sp.li(x),
+    "Li": lambda x, y: sp.Li(x),
+    "fresnels": lambda x, y: sp.fresnels(x),
+    "fresnelc": lambda x, y: sp.fresnelc(x),
+    "erfi": lambda x, y: sp.erfi(x),
+    "erfcinv": lambda x, y: sp.erfcinv(x),
+    "zeta": lambda x, y: sp.zeta(x) + sp.zeta(x, y),
+    "harmonic": lambda x, y: sp.harmonic(x) + sp.harmonic(x, y),
+    "bernoulli": lambda x, y: sp.bernoulli(x),
+    "LambertW": lambda x, y: sp.LambertW(x) + sp.LambertW(x, -1),
+    "elliptic_k": lambda x, y: sp.elliptic_k(x),
+    "elliptic_e": lambda x, y: sp.elliptic_e(x),
+    "besselj": lambda x, y: sp.besselj(y, x),
+    "besseli": lambda x, y: sp.besseli(y, x),
+    "besselk": lambda x, y: sp.besselk(y, x),
+    "legendre": lambda x, y: sp.legendre(y, x),
+    "assoc_legendre": lambda x, y: sp.assoc_legendre(y, 2, x),
+    "chebyshevt": lambda x, y: sp.chebyshevt(y, x),
+    "chebyshevu": lambda x, y: sp.chebyshevu(y, x),
+    "hermite": lambda x, y: sp.hermite(y, x),
+    "laguerre": lambda x, y: sp.laguerre(y, x),
+    "assoc_laguerre": lambda x, y: sp.assoc_laguerre(y, sp.Rational(1, 2), x),
+    "gegenbauer": lambda x, y: sp.gegenbauer(y, sp.Rational(3, 2), x),
+    "jacobi": lambda x, y: sp.jacobi(y, sp.Rational(1, 2), sp.Rational(3, 2), x),
     "Matrix": lambda x, y: sp.Matrix([[x, y], [y, x]]),
     "Array": lambda x, y: sp.Array([x, y]),
     "cbrt": lambda x, y: sp.cbrt(x),
@@ -388,6 +436,18 @@ def _cfunction(name: str) -> Callable[..., sp.Basic]:
     from sympy.codegen import cfunctions
 
     return getattr(cfunctions, name)
+
+
+def _numpy_node(name: str) -> Callable[..., sp.Basic]:
+    from sympy.codegen import numpy_nodes
+
+    return getattr(numpy_nodes, name)
+
+
+def _scipy_node(name: str) -> Callable[..., sp.Basic]:
+    from sympy.codegen import scipy_nodes
+
+    return getattr(scipy_nodes, name)
 
 
 def _callee_probe(key: str) -> Callable[[bool], Observation]:

@@ -14,12 +14,12 @@ from typing import Any
 
 import sympy as sp
 from sympy.core.function import AppliedUndef
-from sympy.logic.boolalg import ITE
+from sympy.logic.boolalg import ITE, BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 from sympy.printing.numpy import JaxPrinter
 from sympy.utilities.lambdify import _EvaluatorPrinter
 
-from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS
+from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_message
 from symkern.codegen.linearize import linearize
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
@@ -98,6 +98,14 @@ class _KernelPrinter(JaxPrinter):
         if max(abs(expr.p), expr.q) >= LARGE_INTEGER:
             return _float_literal(expr)
         return super()._print_Rational(expr)
+
+    def _print_unknown_function(self, expr: sp.Function) -> str:
+        # the NumPy printer refuses functions NumPy lacks; symkern's table has them
+        return (f"{type(expr).__name__}("
+                f"{', '.join(self._print(argument) for argument in expr.args)})")
+
+    _print_fresnels = _print_fresnelc = _print_unknown_function
+    _print_lowergamma = _print_uppergamma = _print_binomial = _print_unknown_function
 
     def _print_Piecewise(self, expr: sp.Piecewise) -> str:
         # SymPy writes a comparison of a Piecewise (an elu layer of elu layers) as an ITE,
@@ -220,13 +228,29 @@ def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) 
                 "function, which functions= does not replace; functions= implements undefined "
                 f'functions (sp.Function("name")): write the equations with one of those'
             )
-        elif isinstance(node, sp.Function) and type(node).__name__ not in SUPPORTED_SYMPY_FUNCTIONS:
-            raise UnsupportedFunctionError(
-                f"eqs: SymPy function {type(node).__name__} has no JAX implementation in symkern; "
-                f"rewrite it (e.g. with .rewrite()) or pass it as an undefined Function with "
-                f"functions={{...}}"
-            )
+        elif (isinstance(node, (sp.Function, BooleanFunction))
+              and type(node).__name__ not in SUPPORTED_SYMPY_FUNCTIONS):
+            raise UnsupportedFunctionError(unsupported_message(type(node).__name__))
+        elif isinstance(node, sp.Function):
+            refused = refused_form(node)
+            if refused is not None:
+                raise UnsupportedFunctionError(f"eqs: {node}: {refused}")
     return list(undefined)
+
+
+def refused_form(node: sp.Function) -> str | None:
+    """Why a supported function is refused in this form (its arguments), or None."""
+    name, arguments = type(node).__name__, node.args
+    if name == "bernoulli" and len(arguments) == 2:
+        return ("Bernoulli polynomials have no JAX implementation in symkern; with an "
+                "integer n, sp.bernoulli(n, x) is a polynomial SymPy writes out")
+    if name == "elliptic_e" and len(arguments) == 2:
+        return ("the incomplete elliptic integral E(phi, m) has no JAX implementation in "
+                "symkern (the complete elliptic_e(m) has); pass a functions= implementation")
+    if name == "LambertW" and len(arguments) == 2 and arguments[1] not in (0, -1):
+        return ("LambertW is real on branches 0 and -1 only, and its branch must be a "
+                "number; write LambertW(x) or LambertW(x, -1)")
+    return None
 
 
 def symbol_name(symbol: sp.Basic) -> str:

@@ -248,11 +248,23 @@ def _integer_exponent(node: ast.expr) -> int | None:
     return None
 
 
+def _float_if_integer_literal(node: ast.expr) -> ast.expr:
+    """`2` → `2.0`, `-3` → `-3.0`; any other node as it is."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return ast.Constant(float(node.value))
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+            and isinstance(node.operand, ast.Constant) and type(node.operand.value) is int):
+        return ast.UnaryOp(ast.USub(), ast.Constant(float(node.operand.value)))
+    return node
+
+
 def use_integer_pow(module: ast.Module) -> ast.Module:
     """`a**2`, `a**(-1.0)` → `lax.integer_pow(a, 2)`, `lax.integer_pow(a, -1)`.
 
     SymPy prints negative integer powers with a float exponent; `integer_pow` lowers to
-    multiplications instead of a `pow` call and differentiates without a `log`.
+    multiplications instead of a `pow` call and differentiates without a `log`. An integer
+    literal base (`Pow(2, -1, evaluate=False)` prints `2**(-1.0)`) becomes a float literal:
+    `integer_pow` of an integer is an integer, and refuses a negative exponent.
     """
 
     class IntegerPow(ast.NodeTransformer):
@@ -262,7 +274,8 @@ def use_integer_pow(module: ast.Module) -> ast.Module:
                 exponent = _integer_exponent(node.right)
                 if exponent is not None:
                     return ast.Call(target_node("lax.integer_pow"),
-                                    [node.left, ast.Constant(exponent)], [])
+                                    [_float_if_integer_literal(node.left),
+                                     ast.Constant(exponent)], [])
             return node
 
     return IntegerPow().visit(module)

@@ -227,7 +227,15 @@ class EquationSet:
 
 def _equation_leaf(leaf: Any, where: str) -> tuple[sp.Basic, Shape]:
     if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
-        leaf = leaf.as_explicit()
+        try:
+            leaf = leaf.as_explicit()
+        except NotImplementedError as error:
+            raise BuildError(
+                f"eqs{where}: the matrix expression {type(leaf).__name__} ({leaf}) cannot be "
+                f"written entry by entry (SymPy: {error}); write it with explicit matrices, "
+                "e.g. sp.Matrix(M).LUsolve(sp.Matrix(v)) for MatrixSolve(M, v), or "
+                "M.inv() * v"
+            ) from error
     if isinstance(leaf, sp.MatrixBase):
         rows, cols = leaf.shape
         if rows == 0 or cols == 0:
@@ -266,7 +274,15 @@ def equation_set(eqs: Any) -> EquationSet:
         raise BuildError("eqs: expected at least one equation, got an empty structure")
     leaves, shapes, labels = [], [], []
     for key_path, leaf in flat:
-        where = "".join(f"[{_key_value(k)!r}]" for k in key_path)
+        keys = [_key_value(k) for k in key_path]
+        where = "".join(f"[{key!r}]" for key in keys)
+        for key in keys:
+            bad = _unprintable_key(key)
+            if bad is not None:
+                raise BuildError(f"eqs: key {bad!r} of eqs{where} is a {type(bad).__name__}; "
+                                 "expected str, int, float, bool or None keys: the keys of eqs "
+                                 "are structure, never evaluated (str(key) converts it, or "
+                                 "put the equations in a list)")
         printed, shape = _equation_leaf(leaf, where)
         leaves.append(printed)
         shapes.append(shape)

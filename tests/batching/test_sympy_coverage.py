@@ -255,10 +255,10 @@ def test_negative_integer_power_is_emitted_as_lax_integer_pow(cse):
 @pytest.mark.parametrize(
     ("expr", "name"),
     [
-        pytest.param(sp.besselj(0, x), "besselj", id="besselj"),
-        pytest.param(sp.zeta(x), "zeta", id="zeta"),
-        pytest.param(sp.LambertW(x), "LambertW", id="LambertW"),
-        pytest.param(sp.Ei(x), "Ei", id="Ei"),
+        pytest.param(sp.bessely(0, x), "bessely", id="bessely"),
+        pytest.param(sp.polylog(2, x), "polylog", id="polylog"),
+        pytest.param(sp.LambertW(x, 1), "LambertW", id="LambertW_complex_branch"),
+        pytest.param(sp.bernoulli(y, x), "bernoulli", id="bernoulli_polynomial"),
         pytest.param(sp.sin(x) + sp.airyai(x), "airyai", id="airyai_inside_a_sum"),
     ],
 )
@@ -270,7 +270,63 @@ def test_unknown_sympy_function_raises_unsupported_function_error_naming_it(expr
 
 def test_unsupported_function_error_is_a_build_error():
     with pytest.raises(sk.BuildError):
-        sk.build_function(sp.zeta(x), [x], dtype="float64")
+        sk.build_function(sp.bessely(1, x), [x], dtype="float64")
+
+
+def test_unknown_function_message_names_the_nearest_supported_function():
+    class besselz(sp.Function):  # noqa: N801 - a SymPy-style name
+        pass
+
+    with pytest.raises(sk.UnsupportedFunctionError, match="besselz.*nearest supported: bessel"):
+        sk.build_function(besselz(x), [x], dtype="float64")
+
+
+@pytest.mark.parametrize("condition", ["isinf", "isnan"])
+def test_isinf_and_isnan_evaluate_instead_of_reporting_drift(condition):
+    from sympy.codegen import cfunctions
+
+    test = getattr(cfunctions, condition)
+    kernel = sk.build_function(sp.Piecewise((1, test(x)), (0, True)), x, dtype="float64")
+    got = np.asarray(kernel(np.array([1.0, np.inf, -np.inf, np.nan])))
+    expected = {"isinf": [0, 1, 1, 0], "isnan": [0, 0, 0, 1]}[condition]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("cse", [True, False], ids=["cse", "nocse"])
+def test_unevaluated_power_of_an_integer_literal_evaluates(cse):
+    half = sp.Pow(2, -1, evaluate=False)
+    alone = sk.build_function(half, x, cse=cse, dtype="float64")
+    np.testing.assert_allclose(alone(np.array([1.0, 2.0])), [0.5, 0.5], rtol=0)
+    inside = sk.build_function(sp.sin(half) * x, x, cse=cse, dtype="float64")
+    np.testing.assert_allclose(inside(np.array([2.0])), [2 * math.sin(0.5)], rtol=1e-15)
+    cube = sk.build_function(sp.Pow(-3, 3, evaluate=False) + x, x, cse=cse, dtype="float64")
+    np.testing.assert_allclose(cube(np.array([1.0])), [-26.0], rtol=0)
+
+
+def test_matrix_solve_is_a_build_error_with_a_route():
+    from sympy.codegen.matrix_nodes import MatrixSolve
+
+    M, v = sp.MatrixSymbol("M", 2, 2), sp.MatrixSymbol("v", 2, 1)
+    with pytest.raises(sk.BuildError, match="MatrixSolve.*LUsolve"):
+        sk.build_function(MatrixSolve(M, v), M, v, dtype="float64")
+
+
+def test_polygamma_with_the_order_as_data_evaluates():
+    n = sp.Symbol("n")
+    kernel = sk.build_function(sp.polygamma(n, x), [n, x], dtype="float64")
+    got = np.asarray(kernel(np.array([[0.0, 2.0], [1.0, 2.0], [3.0, 0.5], [1.5, 2.0]])))
+    expected = [float(sp.polygamma(k, v).evalf(20)) for k, v in ((0, 2), (1, 2), (3, sp.S.Half))]
+    np.testing.assert_allclose(got[:3], expected, rtol=1e-13)
+    assert math.isnan(got[3])  # a non-integer order: no real polygamma
+    grad = jax.grad(lambda v: kernel(jnp.stack([1.0, v])))(2.0)
+    np.testing.assert_allclose(grad, float(sp.polygamma(2, 2).evalf(20)), rtol=1e-13)
+
+
+def test_dict_equation_keyed_by_an_expression_is_refused_like_params():
+    with pytest.raises(sk.BuildError, match=r"eqs: key x\*\*2 .* is a Pow"):
+        sk.build_function({x**2: x}, x, dtype="float64")
+    kernel = sk.build_function({"x2": x**2, "x": x}, x, dtype="float64")
+    assert float(kernel(np.array(2.0))["x2"]) == 4.0
 
 
 @CSE

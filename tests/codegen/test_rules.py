@@ -98,8 +98,8 @@ def test_resolve_callees_sends_generated_function_names_to_the_users_functions()
 
 
 def test_resolve_callees_rejects_an_unknown_callee():
-    module = tree("def kernel(x1):\n    return (besselj(0, x1[0]),)")
-    with pytest.raises(CodegenDriftError, match="resolve_callees: .*'besselj'"):
+    module = tree("def kernel(x1):\n    return (bessely(0, x1[0]),)")
+    with pytest.raises(CodegenDriftError, match="resolve_callees: .*'bessely'"):
         rules.resolve_callees(module, {})
 
 
@@ -126,6 +126,13 @@ def test_use_integer_pow_rewrites_integer_and_integral_float_exponents():
     module = tree("def kernel(x1):\n    return (x1[0]**2 + x1[1]**(-1.0) + x1[2]**(1/2),)")
     out = text(rules.use_integer_pow(module))
     assert "lax.integer_pow(x1[0], 2) + lax.integer_pow(x1[1], -1) + x1[2] ** (1 / 2)" in out
+
+
+def test_use_integer_pow_makes_an_integer_literal_base_a_float():
+    # Pow(2, -1, evaluate=False) prints 2**(-1.0): integer_pow of the int 2 would refuse -1
+    module = tree("def kernel(x1):\n    return (2**(-1.0) + (-3)**3 + x1[0]**2,)")
+    out = text(rules.use_integer_pow(module))
+    assert "lax.integer_pow(2.0, -1) + lax.integer_pow(-3.0, 3) + lax.integer_pow(x1[0], 2)" in out
 
 
 # ---- index_by_batch -----------------------------------------------------------------------
