@@ -1,5 +1,6 @@
 """`python -m symkern inspect`: the four stages of a kernel, from text that is never run."""
 
+import functools
 import os
 import re
 import subprocess
@@ -135,6 +136,12 @@ TOWER = "**".join(["x0"] * 2400)
     ("Mod(exp(10**50), 7) + x0", "a number of more than 308 digits"),
     ("floor(exp(700)) + x0", "a number SymPy cannot evaluate"),
     ("Max(-x0, atan2(acos(2), 1))", "the complex number acos(2)"),
+    ("(x0*0 + 10)**309 * x1", "a power with an exact result of more than 308 digits"),
+    ("-" * 100 + "x0", "nesting deeper than 100 levels"),
+    ("**".join(["x0"] * 18), "powers nested more than 16 high"),
+    ("digamma(301) + x0", "digamma of a number above 300"),
+    ("polygamma(11, 300) + x0", "polygamma(n, x) with n*x above 3,000"),
+    ("polygamma(10, 300) + x0", "an exact number of more than 308 digits"),
     ("sqrt(x0*0 - 1) * x1", "the complex number I"),
     ("-" * 4000 + "x0", "nested too deeply"),
     ("-" * 150 + "x0", "nesting deeper than 100 levels"),
@@ -159,13 +166,18 @@ def test_inspect_refuses_what_would_hang_or_recurse_within_seconds(capsys, text,
     ("(x0*0 + 2)**300 * x1", sp.Integer(2) ** 300 * sp.Symbol("x1")),
     ("gamma(60)*x0 + exp(100*log(x0*0 + 2))", sp.gamma(60) * sp.Symbol("x0") + 2**100),
     ("floor(10**90*pi)*x0", sp.floor(10**90 * sp.pi) * sp.Symbol("x0")),
+    ("(x0*0 + 10)**300 * x1", sp.Integer(10) ** 300 * sp.Symbol("x1")),
+    ("-" * 98 + "x0", sp.Symbol("x0")),
+    ("**".join(["x0"] * 17), functools.reduce(lambda e, b: b**e, [sp.Symbol("x0")] * 17)),
+    ("digamma(300) + x0", sp.digamma(300) + sp.Symbol("x0")),
     ("x0 - x1/2 - 3*x0*x1/x0", sp.Symbol("x0") - sp.Symbol("x1") / 2 - 3 * sp.Symbol("x1")),
     ("Piecewise((x0, x0 > 0), (-x0, True)) % 3",
      sp.Mod(sp.Piecewise((sp.Symbol("x0"), sp.Symbol("x0") > 0), (-sp.Symbol("x0"), True)), 3)),
 ])
 def test_long_and_large_inputs_within_the_bounds_build_the_right_expression(text, expected):
     x0, x1 = sp.symbols("x0 x1")
-    functions = resolve_sympy_functions(["gamma", "exp", "log", "Piecewise", "floor", "pi"])
+    functions = resolve_sympy_functions(["gamma", "exp", "log", "Piecewise", "floor", "pi",
+                                         "digamma"])
     start = time.perf_counter()
     assert parse_expression(text, {"x0": x0, "x1": x1}, functions) == expected
     assert time.perf_counter() - start < 5
