@@ -6,6 +6,7 @@ Imports sympy, ast and symkern.symbolic / symkern.errors; nothing from kernels o
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_messag
 from symkern.codegen.linearize import linearize
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
-from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_applied_function
 from symkern.symbolic.structured import NetworkFunction
 
 #: the name SymPy's lambdify gives the functions it prints; kept so drift tests compare like
@@ -260,6 +261,36 @@ def symbol_name(symbol: sp.Basic) -> str:
     return name if name.isidentifier() else repr(name)
 
 
+def bind_applied_functions(leaves: list[Any], arguments: Sequence[ArgumentSpec]
+                           ) -> tuple[list[Any], Sequence[ArgumentSpec]]:
+    """Arguments such as `q(t)` and `q(t).diff(t)` (sympy.physics.mechanics'
+    dynamicsymbols) become placeholder symbols, in the equations and in their specs, so
+    that they are bound by position like symbols. The same objects when there are none.
+
+    A derivative of a declared function that is not itself declared is refused: SymPy
+    would differentiate the placeholder to zero.
+    """
+    placeholders = {entry: sp.Dummy(f"arg{k}")
+                    for k, entry in enumerate(e for spec in arguments for e in spec.entries
+                                              if is_applied_function(e))}
+    if not placeholders:
+        return leaves, arguments
+    functions = {entry for entry in placeholders if not isinstance(entry, sp.Derivative)}
+    for node in walk(leaves):
+        if (isinstance(node, (sp.Derivative, sp.Subs)) and node not in placeholders
+                and node.atoms(AppliedUndef) & functions):
+            found = next(iter(node.atoms(AppliedUndef) & functions))
+            raise BuildError(
+                f"eqs: {node} differentiates {found}, an argument, but is not an argument "
+                f"itself; declare it beside {found} (e.g. [{found}, {found}.diff()] as a data "
+                "argument), or substitute a symbol for it"
+            )
+    bound = [leaf.xreplace(placeholders) for leaf in leaves]
+    specs = [dataclasses.replace(spec, entries=tuple(placeholders.get(e, e) for e in spec.entries))
+             for spec in arguments]
+    return bound, specs
+
+
 def _check_free_symbols(nodes: Sequence[sp.Basic], arguments: Sequence[ArgumentSpec]) -> None:
     free = {node for node in nodes if isinstance(node, (sp.Symbol, sp.MatrixSymbol))}
     undeclared = free - _declared(arguments)
@@ -311,7 +342,7 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    written = list(equations.leaves)
+    written, arguments = bind_applied_functions(list(equations.leaves), arguments)
     nodes = list(walk(written))
     leaves = without_dirac_delta(written, nodes)
     if leaves is not written:

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import sympy as sp
+from sympy.core.function import AppliedUndef
 from sympy.logic.boolalg import BooleanAtom, BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
@@ -54,17 +55,34 @@ def _matrix_shape(rows: int, cols: int, *, vector_rows: bool) -> Shape:
     return (rows, cols)
 
 
+def is_applied_function(entry: Any) -> bool:
+    """An undefined function of symbols, `q(t)`, or its derivative in them, `q(t).diff(t)`:
+    the coordinates and speeds of sympy.physics.mechanics (`dynamicsymbols`), which an
+    argument binds by position like a symbol.
+
+    >>> t = sp.Symbol("t")
+    >>> q = sp.Function("q")(t)
+    >>> is_applied_function(q), is_applied_function(q.diff(t, 2)), is_applied_function(q + 1)
+    (True, True, False)
+    """
+    if isinstance(entry, sp.Derivative):
+        return (is_applied_function(entry.expr) and not isinstance(entry.expr, sp.Derivative)
+                and all(isinstance(v, sp.Symbol) for v in entry.variables))
+    return isinstance(entry, AppliedUndef) and all(isinstance(a, sp.Symbol) for a in entry.args)
+
+
 def _check_entry(entry: Any, where: str) -> sp.Basic:
-    if isinstance(entry, sp.Symbol) or isinstance(entry, MatrixElement):
+    if isinstance(entry, (sp.Symbol, MatrixElement)) or is_applied_function(entry):
         return entry
     raise BuildError(
-        f"{where}: expected a SymPy Symbol, got {type(entry).__name__} {entry!r}; "
-        "arguments must be symbols, not expressions"
+        f"{where}: expected a SymPy Symbol (or a function of time such as q(t) and its "
+        f"derivatives), got {type(entry).__name__} {entry!r}; arguments must be symbols, "
+        "not expressions"
     )
 
 
 def _leaf_spec(obj: Any, label: str, path: tuple[Any, ...], *, vector_rows: bool) -> ArgumentSpec:
-    if isinstance(obj, sp.Symbol):
+    if isinstance(obj, sp.Symbol) or is_applied_function(obj):
         return ArgumentSpec(label, (), (obj,), (), path)
     if isinstance(obj, sp.MatrixSymbol):
         if not all(isinstance(d, (int, sp.Integer)) for d in obj.shape):
@@ -158,7 +176,8 @@ def parameter_arguments(params: Any) -> tuple[list[ArgumentSpec], Any]:
                 raise BuildError(f"params: key {bad!r} of {label} is a {type(bad).__name__}; "
                                  "expected str, int, float, bool or None keys (str(key) or "
                                  "int(key) converts it)")
-        if not isinstance(leaf, (sp.Symbol, sp.MatrixSymbol, sp.MatrixBase)):
+        if not (isinstance(leaf, (sp.Symbol, sp.MatrixSymbol, sp.MatrixBase))
+                or is_applied_function(leaf)):
             raise BuildError(
                 f"{label}: expected a Symbol, a MatrixSymbol or a Matrix of symbols, "
                 f"got {type(leaf).__name__} {leaf}"
