@@ -17,77 +17,89 @@ from symkern.errors import CodegenDriftError
 class Callee:
     """Where a printed callee goes: `target` is a dotted path in the kernel namespace,
     `sympy` the SymPy functions that print as this callee (for messages and drift tests),
-    `arity` the number of positional arguments accepted (None: any), `elementwise` whether
-    each output element reads only the same element of every argument (False for the
-    array constructors and reductions, which would mix samples)."""
+    `arity` the number of positional arguments accepted (None: any). What the passes need
+    to know of it (the sets they read derive from these fields):
+
+    - `elementwise`: each output element reads only the same element of every argument
+      (False for the array constructors and reductions, which would mix samples);
+    - `costly`: a polynomial evaluation or more per element, so that XLA should not repeat
+      it in every fusion that reads it (materialize);
+    - `vectorizable`: a template of the vectorize pass may hold it (the ones its
+      vectorized bodies were measured and tested with);
+    - `blockwise`: a one-argument function the contract pass applies to a whole block of
+      members at once."""
 
     target: str
     sympy: tuple[str, ...]
     arity: int | None = 1
     elementwise: bool = True
+    costly: bool = True
+    vectorizable: bool = False
+    blockwise: bool = False
 
 
-def _row(target: str, *sympy: str, arity: int | None = 1, elementwise: bool = True) -> Callee:
-    return Callee(target, sympy, arity, elementwise)
+def _row(target: str, *sympy: str, arity: int | None = 1, elementwise: bool = True,
+         costly: bool = True, vectorizable: bool = False, blockwise: bool = False) -> Callee:
+    return Callee(target, sympy, arity, elementwise, costly, vectorizable, blockwise)
 
 
 #: printed callee name -> where it goes. The printed name is what SymPy's JAX printer
 #: emits (NumPy spelling); the SymPy names are what a user writes.
 CALLEE_TABLE: dict[str, Callee] = {
-    "sin": _row("jnp.sin", "sin"),
-    "cos": _row("jnp.cos", "cos"),
-    "tan": _row("jnp.tan", "tan", "cot"),
-    "arcsin": _row("jnp.arcsin", "asin", "acsc"),
-    "arccos": _row("jnp.arccos", "acos", "asec"),
-    "arctan": _row("jnp.arctan", "atan", "acot"),
-    "arctan2": _row("jnp.arctan2", "atan2", arity=2),
-    "sinh": _row("jnp.sinh", "sinh"),
-    "cosh": _row("jnp.cosh", "cosh"),
-    "tanh": _row("jnp.tanh", "tanh"),
-    "arcsinh": _row("jnp.arcsinh", "asinh"),
-    "arccosh": _row("jnp.arccosh", "acosh"),
-    "arctanh": _row("jnp.arctanh", "atanh"),
-    "exp": _row("jnp.exp", "exp", "coth", "sech", "csch"),
-    "expm1": _row("jnp.expm1", "expm1"),
-    "exp2": _row("jnp.exp2", "exp2"),
-    "log": _row("jnp.log", "log", "acoth"),
-    "log1p": _row("jnp.log1p", "log1p"),
-    "log2": _row("jnp.log2", "log2"),
-    "log10": _row("jnp.log10", "log10"),
-    "sqrt": _row("jnp.sqrt", "sqrt", "Sqrt"),
-    "hypot": _row("jnp.hypot", "hypot", arity=2),
-    "abs": _row("jnp.abs", "Abs"),
-    "sign": _row("jnp.sign", "sign"),
-    "floor": _row("jnp.floor", "floor"),
-    "ceil": _row("jnp.ceil", "ceiling"),
+    "sin": _row("jnp.sin", "sin", vectorizable=True, blockwise=True),
+    "cos": _row("jnp.cos", "cos", vectorizable=True, blockwise=True),
+    "tan": _row("jnp.tan", "tan", "cot", vectorizable=True, blockwise=True),
+    "arcsin": _row("jnp.arcsin", "asin", "acsc", vectorizable=True),
+    "arccos": _row("jnp.arccos", "acos", "asec", vectorizable=True),
+    "arctan": _row("jnp.arctan", "atan", "acot", vectorizable=True, blockwise=True),
+    "arctan2": _row("jnp.arctan2", "atan2", arity=2, vectorizable=True),
+    "sinh": _row("jnp.sinh", "sinh", vectorizable=True, blockwise=True),
+    "cosh": _row("jnp.cosh", "cosh", vectorizable=True, blockwise=True),
+    "tanh": _row("jnp.tanh", "tanh", vectorizable=True, blockwise=True),
+    "arcsinh": _row("jnp.arcsinh", "asinh", vectorizable=True, blockwise=True),
+    "arccosh": _row("jnp.arccosh", "acosh", vectorizable=True),
+    "arctanh": _row("jnp.arctanh", "atanh", vectorizable=True),
+    "exp": _row("jnp.exp", "exp", "coth", "sech", "csch", vectorizable=True, blockwise=True),
+    "expm1": _row("jnp.expm1", "expm1", vectorizable=True, blockwise=True),
+    "exp2": _row("jnp.exp2", "exp2", vectorizable=True),
+    "log": _row("jnp.log", "log", "acoth", vectorizable=True, blockwise=True),
+    "log1p": _row("jnp.log1p", "log1p", vectorizable=True, blockwise=True),
+    "log2": _row("jnp.log2", "log2", vectorizable=True),
+    "log10": _row("jnp.log10", "log10", vectorizable=True),
+    "sqrt": _row("jnp.sqrt", "sqrt", "Sqrt", vectorizable=True, blockwise=True),
+    "hypot": _row("jnp.hypot", "hypot", arity=2, vectorizable=True),
+    "abs": _row("jnp.abs", "Abs", costly=False, vectorizable=True, blockwise=True),
+    "sign": _row("jnp.sign", "sign", costly=False, vectorizable=True),
+    "floor": _row("jnp.floor", "floor", costly=False, vectorizable=True),
+    "ceil": _row("jnp.ceil", "ceiling", costly=False, vectorizable=True),
     "mod": _row("jnp.mod", "Mod", "frac", arity=2),
-    "real": _row("jnp.real", "re"),
-    "imag": _row("jnp.imag", "im"),
-    "conjugate": _row("jnp.conjugate", "conjugate"),
+    "real": _row("jnp.real", "re", costly=False),
+    "imag": _row("jnp.imag", "im", costly=False),
+    "conjugate": _row("jnp.conjugate", "conjugate", costly=False),
     "angle": _row("jnp.angle", "arg"),
     "sinc": _row("jnp.sinc", "sinc"),
-    "minimum": _row("jnp.minimum", "Min", arity=2),
-    "maximum": _row("jnp.maximum", "Max", arity=2),
-    "erf": _row("jsp.erf", "erf", "erf2"),
-    "erfc": _row("jsp.erfc", "erfc"),
+    "minimum": _row("jnp.minimum", "Min", arity=2, costly=False, vectorizable=True),
+    "maximum": _row("jnp.maximum", "Max", arity=2, costly=False, vectorizable=True),
+    "erf": _row("jsp.erf", "erf", "erf2", vectorizable=True),
+    "erfc": _row("jsp.erfc", "erfc", vectorizable=True),
     "erfinv": _row("jsp.erfinv", "erfinv"),
     "gamma": _row("jsp.gamma", "gamma", "beta"),
-    "lgamma": _row("jsp.gammaln", "loggamma"),
+    "lgamma": _row("jsp.gammaln", "loggamma", vectorizable=True),
     "polygamma": _row("special.polygamma", "polygamma", "digamma", arity=2),
-    "select": _row("jnp.select", "Piecewise", "Heaviside", arity=2, elementwise=False),
-    "greater": _row("jnp.greater", "StrictGreaterThan", arity=2),
-    "greater_equal": _row("jnp.greater_equal", "GreaterThan", arity=2),
-    "less": _row("jnp.less", "StrictLessThan", arity=2),
-    "less_equal": _row("jnp.less_equal", "LessThan", arity=2),
-    "equal": _row("jnp.equal", "Equality", arity=2),
-    "not_equal": _row("jnp.not_equal", "Unequality", arity=2),
-    "all": _row("jnp.all", "And", "Xor", arity=1, elementwise=False),
-    "any": _row("jnp.any", "Or", "Xor", arity=1, elementwise=False),
-    "asarray": _row("jnp.asarray", "And", "Or", elementwise=False),
-    "array": _row("jnp.array", "Matrix", "Array", elementwise=False),
-    "logical_not": _row("jnp.logical_not", "Not"),
-    "isinf": _row("jnp.isinf", "isinf"),
-    "isnan": _row("jnp.isnan", "isnan"),
+    "select": _row("jnp.select", "Piecewise", "Heaviside", arity=2, elementwise=False, costly=False),
+    "greater": _row("jnp.greater", "StrictGreaterThan", arity=2, costly=False),
+    "greater_equal": _row("jnp.greater_equal", "GreaterThan", arity=2, costly=False),
+    "less": _row("jnp.less", "StrictLessThan", arity=2, costly=False),
+    "less_equal": _row("jnp.less_equal", "LessThan", arity=2, costly=False),
+    "equal": _row("jnp.equal", "Equality", arity=2, costly=False),
+    "not_equal": _row("jnp.not_equal", "Unequality", arity=2, costly=False),
+    "all": _row("jnp.all", "And", "Xor", arity=1, elementwise=False, costly=False),
+    "any": _row("jnp.any", "Or", "Xor", arity=1, elementwise=False, costly=False),
+    "asarray": _row("jnp.asarray", "And", "Or", elementwise=False, costly=False),
+    "array": _row("jnp.array", "Matrix", "Array", elementwise=False, costly=False),
+    "logical_not": _row("jnp.logical_not", "Not", costly=False),
+    "isinf": _row("jnp.isinf", "isinf", costly=False),
+    "isnan": _row("jnp.isnan", "isnan", costly=False),
     "logaddexp": _row("jnp.logaddexp", "logaddexp", arity=2),
     "logaddexp2": _row("jnp.logaddexp2", "logaddexp2", arity=2),
     # the special functions symkern writes in JAX (symkern.codegen.special)
@@ -130,6 +142,14 @@ CALLEE_TABLE: dict[str, Callee] = {
     "gegenbauer": _row("special.gegenbauer", "gegenbauer", arity=3),
     "jacobi": _row("special.jacobi", "jacobi", arity=4),
 }
+
+#: kernel-namespace targets of the rows with each property (what the passes read)
+ELEMENTWISE_TARGETS = frozenset(row.target for row in CALLEE_TABLE.values() if row.elementwise)
+COSTLY_TARGETS = frozenset(row.target for row in CALLEE_TABLE.values() if row.costly)
+VECTORIZABLE_TARGETS = frozenset(row.target for row in CALLEE_TABLE.values()
+                                 if row.vectorizable)
+BLOCKWISE_JNP = frozenset(row.target.split(".", 1)[1] for row in CALLEE_TABLE.values()
+                          if row.blockwise and row.target.startswith("jnp."))
 
 #: SymPy functions that print only through other rows (no callee of their own).
 COMPOSITE_SYMPY = ("cbrt", "root", "Pow", "sec", "csc", "RisingFactorial", "FallingFactorial",

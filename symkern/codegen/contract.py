@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from symkern.codegen.callee import BLOCKWISE_JNP
 from symkern.codegen.rules import (
     DATA_NAME,
     HoistedLiteral,
@@ -66,8 +67,7 @@ VALUES, ATOMS, WEIGHTS, BIASES, PRODUCTS = "_lv", "_la", "_lw", "_lb", "_lz"
 #: an elementwise function of every member's products, as one block
 LIFTED = "_lh"
 #: `jnp.<name>` functions of one argument applied to a whole block when every member is one
-ELEMENTWISE = frozenset({"sin", "cos", "tan", "sinh", "cosh", "tanh", "exp", "expm1", "log",
-                         "log1p", "sqrt", "abs", "arctan", "arcsinh"})
+ELEMENTWISE = BLOCKWISE_JNP
 #: const args holding the index tables and numeric coefficients
 TABLE = "_li"
 _PRODUCTS_NAME = re.compile(rf"{PRODUCTS}\d+$")

@@ -22,17 +22,15 @@ import ast
 import copy
 from collections.abc import Sequence
 
+from symkern.codegen.callee import COSTLY_TARGETS
 from symkern.codegen.operations import count_and_reads
 from symkern.codegen.rules import KERNEL_NAME, kernel_function, returned_entries, single_assignments
 from symkern.errors import CodegenDriftError
 
-#: `jnp.<name>` calls that cost a polynomial evaluation or more per element
-COSTLY_JNP = frozenset({
-    "sin", "cos", "tan", "arcsin", "arccos", "arctan", "arctan2", "sinh", "cosh", "tanh",
-    "arcsinh", "arccosh", "arctanh", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",
-    "sqrt", "cbrt", "hypot", "mod", "angle", "power", "float_power", "divide", "true_divide",
-    "sinc", "logaddexp",
-})
+#: calls that cost a polynomial evaluation or more per element: the callee table's costly
+#: rows, and the calls the rules write themselves
+COSTLY_CALLS = COSTLY_TARGETS | {"jnp.cbrt", "jnp.power", "jnp.float_power", "jnp.divide",
+                                 "jnp.true_divide"}
 #: prefix of the local functions that compute one level of shared values
 STAGE_PREFIX = "_m"
 #: the local holding the conditional's predicate
@@ -68,7 +66,7 @@ def is_costly(node: ast.AST, batched: set[str]) -> bool:
             costly = True
         elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             root, name = func.value.id, func.attr
-            costly = root == "jsp" or (root == "jnp" and name in COSTLY_JNP) or (
+            costly = root == "jsp" or f"{root}.{name}" in COSTLY_CALLS or (
                 root == "lax" and name == "integer_pow" and len(current.args) == 2
                 and isinstance(current.args[1], ast.UnaryOp)
                 and isinstance(current.args[1].op, ast.USub))

@@ -27,7 +27,7 @@ import sympy as sp
 from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen import rules
-from symkern.codegen.callee import CALLEE_TABLE, dotted_name, target_node
+from symkern.codegen.callee import ELEMENTWISE_TARGETS, dotted_name, target_node
 from symkern.codegen.emit import (
     CSE_PREFIX,
     FUNCTION_NAME,
@@ -63,8 +63,6 @@ DATA_NAME = re.compile(r"x\d+$")
 SCALAR_LOCAL = re.compile(r"_[cwbd]\d+$")
 CONST_NAME = re.compile(r"_k\d+$")
 #: callees that are not elementwise: a data argument passed to them would mix samples
-NOT_ELEMENTWISE = {"select", "all", "any", "asarray", "array"}
-ELEMENTWISE_TARGETS = {row.target for name, row in CALLEE_TABLE.items() if name not in NOT_ELEMENTWISE}
 
 
 def _load(name: str) -> ast.Name:

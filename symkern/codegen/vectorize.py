@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from symkern.codegen.callee import VECTORIZABLE_TARGETS
 from symkern.codegen.operations import operation_count
 from symkern.codegen.rules import DATA_NAME, HoistedLiteral, kernel_function, return_statement
 
@@ -48,14 +49,11 @@ ROW = ("r",)
 SCALAR = ("s",)
 #: rows 0 and 1 of the store, entries 0 and 1 of the scalars: the pads of sums and products
 ZERO, ONE = 0, 1
-#: elementwise calls a template may hold (all arguments per-sample or scalar values)
-ELEMENTWISE = frozenset(
-    f"jnp.{name}" for name in (
-        "sin", "cos", "tan", "arcsin", "arccos", "arctan", "arctan2", "sinh", "cosh", "tanh",
-        "arcsinh", "arccosh", "arctanh", "exp", "expm1", "log", "log1p", "sqrt", "cbrt",
-        "abs", "sign", "power", "floor", "ceil", "hypot", "exp2", "log2", "log10", "square",
-        "reciprocal", "maximum", "minimum")
-) | {"lax.integer_pow", "jsp.erf", "jsp.erfc", "jsp.gammaln", "jsp.digamma", "jsp.expit"}
+#: elementwise calls a template may hold (all arguments per-sample or scalar values): the
+#: callee table's vectorizable rows, and the calls the rules write themselves
+ELEMENTWISE = VECTORIZABLE_TARGETS | {
+    "jnp.cbrt", "jnp.power", "jnp.square", "jnp.reciprocal", "lax.integer_pow", "jsp.digamma",
+    "jsp.expit"}
 BINARY = {ast.Div: "/", ast.Pow: "**", ast.Mod: "%", ast.FloorDiv: "//"}
 #: a statement used once is inlined into its user at most this many times over
 INLINE_DEPTH = 3

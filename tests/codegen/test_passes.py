@@ -105,3 +105,19 @@ def test_every_option_is_part_of_the_cache_key(tmp_path):
     X = np.random.default_rng(1).normal(size=(7, 5))
     np.testing.assert_allclose(on(X, values), again(X, values), rtol=1e-12)
     assert set(dataclasses.asdict(sk.BuildOptions())) == set(sk.BuildOptions().key())
+
+
+def test_the_passes_sets_derive_from_the_one_callee_table():
+    """A function added to CALLEE_TABLE is known to every pass by its row's fields."""
+    from symkern.codegen import callee, contract, materialize, vectorize
+
+    rows = callee.CALLEE_TABLE.values()
+    assert {r.target for r in rows if r.vectorizable} <= vectorize.ELEMENTWISE
+    assert contract.ELEMENTWISE == {r.target[4:] for r in rows if r.blockwise}
+    assert {r.target for r in rows if r.costly} <= materialize.COSTLY_CALLS
+    assert not {r.target for r in rows if not r.costly} & materialize.COSTLY_CALLS
+    for row in rows:  # a row a pass may apply must be elementwise
+        assert row.elementwise or not (row.vectorizable or row.blockwise), row
+    assert "jnp.select" not in callee.ELEMENTWISE_TARGETS and "jnp.sin" in callee.ELEMENTWISE_TARGETS
+    # the special functions symkern writes in JAX are costly: shared ones are computed once
+    assert all(r.costly for r in rows if r.target.startswith("special."))
