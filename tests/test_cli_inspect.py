@@ -127,7 +127,12 @@ TOWER = "**".join(["x0"] * 2400)
     ("gamma(10**5)*x0", "gamma of a number above 300"),
     ("loggamma(x0*0 + 10**6)", "loggamma of a number above 300"),
     ("polygamma(2, 10**6)", "polygamma of a number above 300"),
-    ("polygamma(300, 300)*x0", "polygamma(n, x) with n*x above 3,000"),
+    ("polygamma(300, 300)*x0", "polygamma of numbers whose product is above 3,000"),
+    ("chebyshevt(10**6, x0)", "chebyshevt of a number above 300"),
+    ("zeta(10**6) + x0", "zeta of a number above 300"),
+    ("factorial(10**9) + x0", "factorial of a number above 300"),
+    ("binomial(x0*0 + 10**9, 7) + x0", "binomial of a number above 300"),
+    ("harmonic(300, 300) + x0", "harmonic of numbers whose product is above 3,000"),
     ("gamma(300)*x0", "an exact number of more than 308 digits"),
     ("x0 * " + "1" * 400, "an integer of more than 308 digits"),
     ("x0 * 0x" + "f" * 300, "an integer of more than 308 digits"),
@@ -140,7 +145,7 @@ TOWER = "**".join(["x0"] * 2400)
     ("-" * 100 + "x0", "nesting deeper than 100 levels"),
     ("**".join(["x0"] * 18), "powers nested more than 16 high"),
     ("digamma(301) + x0", "digamma of a number above 300"),
-    ("polygamma(11, 300) + x0", "polygamma(n, x) with n*x above 3,000"),
+    ("polygamma(11, 300) + x0", "polygamma of numbers whose product is above 3,000"),
     ("polygamma(10, 300) + x0", "an exact number of more than 308 digits"),
     ("sqrt(x0*0 - 1) * x1", "the complex number I"),
     ("-" * 4000 + "x0", "nested too deeply"),
@@ -170,6 +175,7 @@ def test_inspect_refuses_what_would_hang_or_recurse_within_seconds(capsys, text,
     ("-" * 98 + "x0", sp.Symbol("x0")),
     ("**".join(["x0"] * 17), functools.reduce(lambda e, b: b**e, [sp.Symbol("x0")] * 17)),
     ("digamma(300) + x0", sp.digamma(300) + sp.Symbol("x0")),
+    ("chebyshevt(300, x0)", sp.chebyshevt(300, sp.Symbol("x0"))),
     ("x0 - x1/2 - 3*x0*x1/x0", sp.Symbol("x0") - sp.Symbol("x1") / 2 - 3 * sp.Symbol("x1")),
     ("Piecewise((x0, x0 > 0), (-x0, True)) % 3",
      sp.Mod(sp.Piecewise((sp.Symbol("x0"), sp.Symbol("x0") > 0), (-sp.Symbol("x0"), True)), 3)),
@@ -177,7 +183,7 @@ def test_inspect_refuses_what_would_hang_or_recurse_within_seconds(capsys, text,
 def test_long_and_large_inputs_within_the_bounds_build_the_right_expression(text, expected):
     x0, x1 = sp.symbols("x0 x1")
     functions = resolve_sympy_functions(["gamma", "exp", "log", "Piecewise", "floor", "pi",
-                                         "digamma"])
+                                         "digamma", "chebyshevt"])
     start = time.perf_counter()
     assert parse_expression(text, {"x0": x0, "x1": x1}, functions) == expected
     assert time.perf_counter() - start < 5

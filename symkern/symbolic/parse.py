@@ -24,13 +24,28 @@ MAX_LENGTH = 10_000
 #: digits, and SymPy evaluates a number wherever it must decide it (floor, Mod, sign) to
 #: all its digits (floor(exp(10**6)) never finished, a 1,000-digit Mod took 2.6 s)
 MAX_DIGITS = 308
-#: the largest number gamma, loggamma, digamma, polygamma and beta take: SymPy evaluates
-#: them exactly at integers (gamma(10**9) would never finish; gamma(300) has 613 digits)
+#: the largest number a function outside ELEMENTARY_FUNCTIONS takes (gamma, factorial,
+#: binomial, zeta, the orthogonal polynomials, ...): SymPy evaluates them exactly at
+#: integers (gamma(10**9) would never finish; gamma(300) has 613 digits) or expands them
+#: (chebyshevt(n, x) is a polynomial of degree n)
 MAX_GROWING_ARGUMENT = 300
-GROWING_FUNCTIONS = frozenset({"gamma", "loggamma", "digamma", "polygamma", "beta"})
-#: polygamma(n, m) at an integer m sums 1/k**(n+1) exactly: polygamma(100, 300) took
-#: 0.24 s (43,593-bit numbers), polygamma(300, 300) 2.0 s (129,934 bits)
-MAX_POLYGAMMA_PRODUCT = 3_000
+#: ... and the largest product of its numeric arguments: polygamma(n, m) at an integer m
+#: sums 1/k**(n+1) exactly, polygamma(100, 300) took 0.24 s (43,593-bit numbers),
+#: polygamma(300, 300) 2.0 s (129,934 bits)
+MAX_GROWING_PRODUCT = 3_000
+#: functions whose numeric values SymPy keeps symbolic or computes in bounded time; the
+#: powers among them (Pow, root, exp2, exp of a log) are checked by their result's size
+ELEMENTARY_FUNCTIONS = frozenset({
+    "Abs", "And", "Equality", "GreaterThan", "Heaviside", "LessThan", "Max", "Min", "Mod",
+    "Not", "Or", "Piecewise", "Pow", "Rational", "Sqrt", "StrictGreaterThan",
+    "StrictLessThan", "Unequality", "Xor", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "acos",
+    "acosh", "acot", "acoth", "acsc", "arg", "asec", "asin", "asinh", "atan", "atan2",
+    "atanh", "cbrt", "ceiling", "conjugate", "cos", "cosh", "cosm1", "cot", "coth", "csc",
+    "csch", "erf", "erf2", "erfc", "erfcinv", "erfi", "erfinv", "exp", "exp2", "expm1",
+    "floor", "frac", "hypot", "im", "isinf", "isnan", "log", "log10", "log1p", "log2",
+    "logaddexp", "logaddexp2", "maximum", "minimum", "re", "root", "sec", "sech", "sign",
+    "sin", "sinc", "sinh", "sqrt", "tan", "tanh",
+})
 #: the deepest nesting (a chain of + - or of * / is one level) and the highest tower of
 #: powers: SymPy's printers and Python's compiler recurse on the expression later
 MAX_DEPTH = 100
@@ -113,15 +128,15 @@ def _check_power(base: sp.Basic, exponent: sp.Basic, node: ast.AST) -> None:
 
 def _check_call(name: str, arguments: list[Any], node: ast.AST) -> None:
     """Refuse numeric arguments that would make SymPy compute a huge exact number."""
-    if name in GROWING_FUNCTIONS:
+    if name not in ELEMENTARY_FUNCTIONS:
         numeric = [_magnitude(argument) for argument in arguments
                    if isinstance(argument, sp.Basic) and argument.is_number]
         if any(size > MAX_GROWING_ARGUMENT for size in numeric):
             raise _reject(node, f"{name} of a number above {MAX_GROWING_ARGUMENT} (SymPy "
                           "would compute it exactly)")
-        if name == "polygamma" and math.prod(numeric) > MAX_POLYGAMMA_PRODUCT:
-            raise _reject(node, f"polygamma(n, x) with n*x above {MAX_POLYGAMMA_PRODUCT:,} "
-                          "(SymPy would compute it exactly)")
+        if math.prod(max(size, 1.0) for size in numeric) > MAX_GROWING_PRODUCT:
+            raise _reject(node, f"{name} of numbers whose product is above "
+                          f"{MAX_GROWING_PRODUCT:,} (SymPy would compute it exactly)")
     elif name == "Pow" and len(arguments) == 2:
         _check_power(*arguments, node)
     elif name == "root" and len(arguments) >= 2 and isinstance(arguments[1], sp.Basic) \
