@@ -171,6 +171,67 @@ def _declared(arguments: Sequence[ArgumentSpec]) -> set[sp.Basic]:
 UNEVALUATED = (sp.Sum, sp.Product, sp.Integral, sp.Derivative)
 
 
+#: the most terms an unevaluated Sum or Product (all of them, nested ones multiplied out)
+#: is written out as; beyond, the expression would outgrow what a kernel compiles quickly
+#: (docs/scaling.md: about 10^5 operations)
+UNROLL_MAX_TERMS = 10_000
+
+
+def _terms(function: sp.Basic, limits: Sequence[tuple]) -> list[sp.Basic] | None:
+    """The terms of a sum or product over `limits` (innermost first, as SymPy keeps them;
+    inner bounds may read outer indices), or None when a bound is not an integer."""
+    if not limits:
+        return [function]
+    (variable, low, high), inner = limits[-1], limits[:-1]
+    if not (isinstance(low, sp.Integer) and isinstance(high, sp.Integer)):
+        return None
+    terms: list[sp.Basic] = []
+    for k in range(int(low), int(high) + 1):
+        value = {variable: sp.Integer(k)}
+        found = _terms(function.xreplace(value),
+                       [(v, lo.xreplace(value), hi.xreplace(value)) for v, lo, hi in inner])
+        if found is None:
+            return None
+        terms.extend(found)
+        if len(terms) > UNROLL_MAX_TERMS:
+            return terms
+    return terms
+
+
+def unroll_sums(exprs: list[Any], nodes: Sequence[sp.Basic]) -> list[Any]:
+    """Every unevaluated `Sum`/`Product` whose bounds are integers at build, written out
+    term by term (nested ones too, once the outer index is a number). The same list object
+    when there are none; a BuildError beyond UNROLL_MAX_TERMS terms.
+
+    >>> i, x = sp.symbols("i x")
+    >>> unroll_sums([sp.Sum(x**i, (i, 1, 3))], [sp.Sum(x**i, (i, 1, 3))])
+    [x**3 + x**2 + x]
+    """
+    if not any(isinstance(node, (sp.Sum, sp.Product)) for node in nodes):
+        return exprs
+    written = [0]
+
+    def unroll(node: sp.Basic) -> sp.Basic:
+        terms = _terms(node.function, node.limits)
+        if terms is None:
+            return node
+        written[0] += len(terms)
+        if written[0] > UNROLL_MAX_TERMS:
+            raise UnsupportedFunctionError(
+                f"eqs: {type(node).__name__} {node} has more than {UNROLL_MAX_TERMS} terms "
+                "to write out; find its closed form (.doit()) or shorten its range")
+        return (sp.Add if isinstance(node, sp.Sum) else sp.Mul)(*terms)
+
+    changed = exprs
+    for _ in range(64):  # each round writes out one level of nesting
+        following = [expr.replace(lambda e: isinstance(e, (sp.Sum, sp.Product)), unroll)
+                     for expr in changed]
+        if all(a == b for a, b in zip(following, changed, strict=True)):
+            break
+        changed = following
+    return changed
+
+
 def without_dirac_delta(exprs: list[Any], nodes: Sequence[sp.Basic] | None = None) -> list[Any]:
     """`exprs` with every `DiracDelta` as 0: its value wherever it has one, and what JAX's
     derivatives give (the second derivative of a relu or Heaviside network). `nodes`: their
@@ -209,6 +270,12 @@ def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) 
                 f'd{name} = sp.Function("d{name}"), with functions={{"d{name}": ...}}, such as '
                 f'jax.grad of functions["{name}"]) and substitute it for the derivative '
                 f"(expr.subs(...))"
+            )
+        if isinstance(node, (sp.Sum, sp.Product)):
+            raise UnsupportedFunctionError(
+                f"eqs: unevaluated {type(node).__name__} {node} has bounds that are not "
+                "integers at build; find its closed form (.doit()) or substitute numbers "
+                "for its bounds (a sum over integer bounds is written out)"
             )
         if isinstance(node, UNEVALUATED):
             raise UnsupportedFunctionError(
@@ -344,6 +411,9 @@ def emit(
     stopwatch = stopwatch or Stopwatch(progress=False)
     written, arguments = bind_applied_functions(list(equations.leaves), arguments)
     nodes = list(walk(written))
+    unrolled = unroll_sums(written, nodes)
+    if unrolled is not written:
+        written, nodes = unrolled, list(walk(unrolled))
     leaves = without_dirac_delta(written, nodes)
     if leaves is not written:
         nodes = list(walk(leaves))

@@ -1,6 +1,6 @@
 """codegen, kernel namespace: SymPy's special functions that JAX has no function for, in JAX.
 
-Imports jax and numpy only. Generated code reaches them as `special.<name>` (CALLEE_TABLE).
+Imports jax, numpy and symkern.errors. Generated code reaches them as `special.<name>` (CALLEE_TABLE).
 Each function takes arrays of any broadcastable shapes (a batch of samples, or one value)
 and is elementwise. Accuracy and domain, as tested against mpmath at 30 digits
 (tests/codegen/test_special.py) on random points of the domain named:
@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 import numpy as np
 from jax import lax
+
+from symkern.errors import UnsupportedFunctionError
 
 Array = Any
 
@@ -192,7 +194,8 @@ def bernoulli(n: Array, x: Array | None = None) -> Array:
     """Bernoulli numbers B_n = -n zeta(1 - n) (SymPy's convention, B_1 = +1/2); exact
     zeros at odd n > 1. Bernoulli polynomials (two arguments) are refused at build."""
     if x is not None:
-        raise NotImplementedError("bernoulli(n, x): Bernoulli polynomials")
+        raise UnsupportedFunctionError("bernoulli(n, x): Bernoulli polynomials have no JAX "
+                                       "implementation in symkern")
     (n,) = _float(n)
     value = -n * zeta(jnp.where(n == 0, 0.5, 1 - n))
     odd = _is_integer(n) & (n > 1) & (jnp.mod(n, 2) == 1)
@@ -362,7 +365,7 @@ def LambertW(x: Array, k: Any = 0) -> Array:  # noqa: N802 - SymPy's name
         return _lambertw0(x)
     if k == -1:
         return _lambertw_minus1(x)
-    raise NotImplementedError(f"LambertW branch {k!r}")
+    raise UnsupportedFunctionError(f"LambertW branch {k!r}: real on branches 0 and -1 only")
 
 
 # ---- complete elliptic integrals ----------------------------------------------------------
@@ -432,7 +435,8 @@ def elliptic_e(*arguments: Array) -> Array:
     """The complete elliptic integral of the second kind E(m), m <= 1; the incomplete
     E(phi, m) (two arguments) is refused at build."""
     if len(arguments) != 1:
-        raise NotImplementedError("elliptic_e(phi, m): the incomplete integral")
+        raise UnsupportedFunctionError("elliptic_e(phi, m): the incomplete integral has no JAX "
+                                       "implementation in symkern")
     (m,) = _float(arguments[0])
     return _elliptic_e(m)
 

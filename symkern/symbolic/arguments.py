@@ -75,9 +75,9 @@ def _check_entry(entry: Any, where: str) -> sp.Basic:
     if isinstance(entry, (sp.Symbol, MatrixElement)) or is_applied_function(entry):
         return entry
     raise BuildError(
-        f"{where}: expected a SymPy Symbol (or a function of time such as q(t) and its "
-        f"derivatives), got {type(entry).__name__} {entry!r}; arguments must be symbols, "
-        "not expressions"
+        f"{where}: expected a SymPy Symbol, got {type(entry).__name__} {entry!r}; arguments "
+        "must be symbols (or functions of time such as q(t) and their derivatives), not "
+        "expressions"
     )
 
 

@@ -482,3 +482,37 @@ def test_grad_with_respect_to_a_parameter_in_an_untaken_singular_branch_is_zero(
     grads = jax.grad(lambda p: kernel(2.0, p))({"a": -1.0, "b": -4.0})
     assert float(grads["a"]) == 0.0
     assert float(grads["b"]) == 0.0
+
+
+# ---- unevaluated sums and products --------------------------------------------------------
+
+_i, _j = sp.symbols("i j", integer=True)
+
+
+@pytest.mark.parametrize("cse", [True, False], ids=["cse", "nocse"])
+def test_sum_and_product_over_integer_bounds_are_written_out(cse):
+    expr = (sp.Sum(x**_i / sp.factorial(_i), (_i, 0, 20)) + sp.Product(1 + x / _j, (_j, 1, 3))
+            + sp.Sum(sp.Sum(_i * _j * x, (_j, 1, _i)), (_i, 1, 4)))
+    kernel = sk.build_function(expr, x, params=None, cse=cse, dtype="float64")
+    xs = np.array([-1.5, 0.0, 0.5, 2.0])
+    got = np.asarray(kernel(xs))
+    for value, xv in zip(got, xs, strict=True):
+        assert_close(float(value), reference(expr.doit(), {x: xv}), f"{expr} at {xv}")
+    gradient = jax.grad(lambda v: kernel(v))(0.5)
+    assert_close(float(gradient), reference(sp.diff(expr.doit(), x), {x: 0.5}), "d/dx at 0.5")
+
+
+def test_sum_with_bounds_that_are_not_numbers_is_refused_with_a_route():
+    n = sp.Symbol("n")
+    with pytest.raises(sk.UnsupportedFunctionError, match=r"Sum.*not integers at build.*doit"):
+        sk.build_function(sp.Sum(x**_i, (_i, 0, n)), x, params={"n": n}, dtype="float64")
+
+
+def test_sum_of_too_many_terms_is_refused():
+    with pytest.raises(sk.UnsupportedFunctionError, match="more than 10000 terms"):
+        sk.build_function(sp.Sum(x**_i, (_i, 0, 10**6)), x, dtype="float64")
+
+
+def test_integral_stays_refused_with_doit_as_route():
+    with pytest.raises(sk.UnsupportedFunctionError, match=r"Integral.*\.doit\(\)"):
+        sk.build_function(sp.Integral(sp.exp(-x * _i**2), (_i, 0, 1)), x, dtype="float64")

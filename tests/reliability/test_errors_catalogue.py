@@ -258,12 +258,26 @@ def test_builderror_networks():
 
 def test_unsupportedfunctionerror_sympy():
     _check("unsupportedfunctionerror-sympy", sk.UnsupportedFunctionError,
-           "eqs: SymPy function besselj has no JAX implementation in symkern",
-           lambda: sk.build_function(sp.besselj(0, x0), x0))
+           r"eqs: SymPy function bessely has no JAX implementation in symkern \(",
+           lambda: sk.build_function(sp.bessely(0, x0), x0))
 
 
-@pytest.mark.parametrize("eqs", [sp.Sum(b * x0, (b, 0, 3)), sp.Integral(sp.exp(-b**2), (b, 0, x0)),
-                                 sp.Product(b + x0, (b, 1, 2)), sp.Derivative(sp.sin(x0 * b), b)])
+def test_unsupportedfunctionerror_form():
+    _check("unsupportedfunctionerror-form", sk.UnsupportedFunctionError,
+           r"eqs: bernoulli\(b, x0\): Bernoulli polynomials have no JAX implementation",
+           lambda: sk.build_function(sp.bernoulli(b, x0), x0, params={"b": b}))
+
+
+@pytest.mark.parametrize("eqs", [sp.Sum(b * x0, (b, 0, x0)), sp.Product(b + x0, (b, 1, x0))])
+def test_unsupportedfunctionerror_sum_bounds(eqs):
+    name = type(eqs).__name__
+    _check("unsupportedfunctionerror-sum-bounds", sk.UnsupportedFunctionError,
+           rf"eqs: unevaluated {name} .* has bounds that are not integers at build; find its "
+           r"closed form \(\.doit\(\)\)", lambda: sk.build_function(eqs, x0))
+
+
+@pytest.mark.parametrize("eqs", [sp.Integral(sp.exp(-b**2), (b, 0, x0)),
+                                 sp.Derivative(sp.sin(x0 * b), b)])
 def test_unsupportedfunctionerror_unevaluated(eqs):
     name = type(eqs).__name__
     _check("unsupportedfunctionerror-unevaluated", sk.UnsupportedFunctionError,
