@@ -24,7 +24,7 @@ from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_messag
 from symkern.codegen.linearize import linearize
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
-from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_applied_function
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_bound_entry
 from symkern.symbolic.structured import NetworkFunction
 
 #: the name SymPy's lambdify gives the functions it prints; kept so drift tests compare like
@@ -328,21 +328,22 @@ def symbol_name(symbol: sp.Basic) -> str:
     return name if name.isidentifier() else repr(name)
 
 
-def bind_applied_functions(leaves: list[Any], arguments: Sequence[ArgumentSpec]
-                           ) -> tuple[list[Any], Sequence[ArgumentSpec]]:
-    """Arguments such as `q(t)` and `q(t).diff(t)` (sympy.physics.mechanics'
-    dynamicsymbols) become placeholder symbols, in the equations and in their specs, so
-    that they are bound by position like symbols. The same objects when there are none.
+def bind_entries(leaves: list[Any], arguments: Sequence[ArgumentSpec]
+                 ) -> tuple[list[Any], Sequence[ArgumentSpec]]:
+    """Entries such as `q(t)` and `q(t).diff(t)` (sympy.physics.mechanics' dynamicsymbols)
+    and IndexedBase entries `x[0]` become placeholder symbols, in the equations and in
+    their specs, so that they are bound by position like symbols. The same objects when
+    there are none.
 
     A derivative of a declared function that is not itself declared is refused: SymPy
     would differentiate the placeholder to zero.
     """
     placeholders = {entry: sp.Dummy(f"arg{k}")
                     for k, entry in enumerate(e for spec in arguments for e in spec.entries
-                                              if is_applied_function(e))}
+                                              if is_bound_entry(e))}
     if not placeholders:
         return leaves, arguments
-    functions = {entry for entry in placeholders if not isinstance(entry, sp.Derivative)}
+    functions = {entry for entry in placeholders if isinstance(entry, AppliedUndef)}
     for node in walk(leaves):
         if (isinstance(node, (sp.Derivative, sp.Subs)) and node not in placeholders
                 and node.atoms(AppliedUndef) & functions):
@@ -409,11 +410,10 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    written, arguments = bind_applied_functions(list(equations.leaves), arguments)
+    written = list(equations.leaves)
+    written = unroll_sums(written, list(walk(written)))
+    written, arguments = bind_entries(written, arguments)
     nodes = list(walk(written))
-    unrolled = unroll_sums(written, nodes)
-    if unrolled is not written:
-        written, nodes = unrolled, list(walk(unrolled))
     leaves = without_dirac_delta(written, nodes)
     if leaves is not written:
         nodes = list(walk(leaves))

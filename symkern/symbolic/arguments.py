@@ -71,19 +71,62 @@ def is_applied_function(entry: Any) -> bool:
     return isinstance(entry, AppliedUndef) and all(isinstance(a, sp.Symbol) for a in entry.args)
 
 
+def is_indexed_entry(entry: Any) -> bool:
+    """An entry of an IndexedBase at integer indices, `x[0]` or `A[1, 2]`."""
+    return (isinstance(entry, sp.Indexed) and isinstance(entry.base.label, sp.Symbol)
+            and all(isinstance(i, sp.Integer) for i in entry.indices))
+
+
+def is_bound_entry(entry: Any) -> bool:
+    """What an argument binds by position besides symbols and MatrixSymbol entries: a
+    function of time or its derivative, or an Indexed entry (replaced by a placeholder
+    symbol before printing)."""
+    return is_applied_function(entry) or is_indexed_entry(entry)
+
+
 def _check_entry(entry: Any, where: str) -> sp.Basic:
-    if isinstance(entry, (sp.Symbol, MatrixElement)) or is_applied_function(entry):
+    if isinstance(entry, (sp.Symbol, MatrixElement)) or is_bound_entry(entry):
         return entry
     raise BuildError(
         f"{where}: expected a SymPy Symbol, got {type(entry).__name__} {entry!r}; arguments "
-        "must be symbols (or functions of time such as q(t) and their derivatives), not "
-        "expressions"
+        "must be symbols (or functions of time such as q(t) and their derivatives, or "
+        "IndexedBase entries x[0]), not expressions"
     )
 
 
+def _indexed_base_spec(obj: sp.IndexedBase, label: str, path: tuple[Any, ...], *,
+                       vector_rows: bool) -> ArgumentSpec:
+    shape = obj.shape
+    if shape is None or len(shape) not in (1, 2) or not all(
+            isinstance(d, (int, sp.Integer)) for d in shape):
+        raise BuildError(f"{label}: expected an IndexedBase of one or two integer dimensions "
+                         f"(sp.IndexedBase({str(obj.label)!r}, shape=(3,))), got {obj} of shape "
+                         f"{shape}")
+    if len(shape) == 1:
+        entries = tuple(obj[i] for i in range(int(shape[0])))
+        return ArgumentSpec(label, (len(entries),), entries, (), path)
+    rows, cols = (int(d) for d in shape)
+    entries = tuple(obj[i, j] for i in range(rows) for j in range(cols))
+    return ArgumentSpec(label, _matrix_shape(rows, cols, vector_rows=vector_rows), entries, (),
+                        path, (rows, cols))
+
+
+def _nested_spec(obj: list | tuple, label: str, path: tuple[Any, ...]) -> ArgumentSpec:
+    """A list of equally long lists of symbols: a matrix argument, row by row."""
+    rows, cols = len(obj), len(obj[0])
+    if cols == 0 or any(not isinstance(row, (list, tuple)) or len(row) != cols for row in obj):
+        raise BuildError(f"{label}: expected rows of symbols of one length, got rows of lengths "
+                         f"{[len(row) if isinstance(row, (list, tuple)) else 1 for row in obj]}")
+    entries = tuple(_check_entry(e, f"{label}[{i}][{j}]")
+                    for i, row in enumerate(obj) for j, e in enumerate(row))
+    return ArgumentSpec(label, (rows, cols), entries, (), path, (rows, cols))
+
+
 def _leaf_spec(obj: Any, label: str, path: tuple[Any, ...], *, vector_rows: bool) -> ArgumentSpec:
-    if isinstance(obj, sp.Symbol) or is_applied_function(obj):
+    if isinstance(obj, sp.Symbol) or is_bound_entry(obj):
         return ArgumentSpec(label, (), (obj,), (), path)
+    if isinstance(obj, sp.IndexedBase):
+        return _indexed_base_spec(obj, label, path, vector_rows=vector_rows)
     if isinstance(obj, sp.MatrixSymbol):
         if not all(isinstance(d, (int, sp.Integer)) for d in obj.shape):
             raise BuildError(f"{label}: expected a MatrixSymbol of integer shape, got {obj} of "
@@ -100,6 +143,8 @@ def _leaf_spec(obj: Any, label: str, path: tuple[Any, ...], *, vector_rows: bool
     if vector_rows and isinstance(obj, (list, tuple)):
         if not obj:
             raise BuildError(f"{label}: expected at least one symbol, got an empty {type(obj).__name__}")
+        if isinstance(obj[0], (list, tuple)):
+            return _nested_spec(obj, label, path)
         entries = tuple(_check_entry(e, f"{label}[{k}]") for k, e in enumerate(obj))
         return ArgumentSpec(label, (len(entries),), entries, (), path)
     expected = ("a Symbol, a MatrixSymbol, a Matrix of symbols or a list/tuple of symbols"
@@ -176,8 +221,8 @@ def parameter_arguments(params: Any) -> tuple[list[ArgumentSpec], Any]:
                 raise BuildError(f"params: key {bad!r} of {label} is a {type(bad).__name__}; "
                                  "expected str, int, float, bool or None keys (str(key) or "
                                  "int(key) converts it)")
-        if not (isinstance(leaf, (sp.Symbol, sp.MatrixSymbol, sp.MatrixBase))
-                or is_applied_function(leaf)):
+        if not (isinstance(leaf, (sp.Symbol, sp.MatrixSymbol, sp.MatrixBase, sp.IndexedBase))
+                or is_bound_entry(leaf)):
             raise BuildError(
                 f"{label}: expected a Symbol, a MatrixSymbol or a Matrix of symbols, "
                 f"got {type(leaf).__name__} {leaf}"
