@@ -19,6 +19,7 @@ from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel
 from symkern.batching.program import KernelSignature, ScalarProgram
 from symkern.codegen.cache import cache_key
+from symkern.codegen.emit import implemented_functions
 from symkern.codegen.passes import (
     CACHED_PASSES,
     PASSES,
@@ -181,6 +182,8 @@ def build_function(
     parameters, treedef = parameter_arguments(params)
     check_unique_symbols(data + parameters)
     equations = equation_set(eqs)
+    # lambdify's implemented_function: the implementation travels with the function
+    functions = {**implemented_functions(equations.leaves), **functions}
     context = PassContext(chosen, len(data), tuple(spec.path for spec in parameters),
                           tuple(spec.shape for spec in parameters), jax.default_backend(),
                           stopwatch)

@@ -328,6 +328,47 @@ def symbol_name(symbol: sp.Basic) -> str:
     return name if name.isidentifier() else repr(name)
 
 
+#: what a SymPy function replaced through functions= is called until it is printed under
+#: its generated name: no name a user can give an undefined function of their own
+OVERRIDE_SUFFIX = " (functions=)"
+
+
+def override_functions(leaves: list[Any], functions: Mapping[str, object]
+                       ) -> tuple[list[Any], dict[str, str]]:
+    """SymPy's own functions named in `functions` (`functions={"sin": my_sin}`, lambdify's
+    `modules=[{"sin": my_sin}, "jax"]`) become undefined functions that call the given
+    implementation. Returns the equations and {undefined function name: key of functions}.
+    Functions of conditions (Piecewise) stay as they are."""
+    def replaceable(node: sp.Basic) -> bool:
+        return (isinstance(node, sp.Function) and not isinstance(node, AppliedUndef)
+                and type(node).__name__ in functions
+                and all(isinstance(a, sp.Expr) for a in node.args))
+
+    overridden = {f"{type(node).__name__}{OVERRIDE_SUFFIX}": type(node).__name__
+                  for node in walk(leaves) if replaceable(node)}
+    if not overridden:
+        return leaves, {}
+
+    def replace(expr: sp.Basic) -> sp.Basic:
+        # bottom-up: an argument may itself be replaced
+        return expr.replace(replaceable, lambda e: sp.Function(
+            type(e).__name__ + OVERRIDE_SUFFIX)(*e.args))
+
+    return [leaf.applyfunc(replace) if isinstance(leaf, (sp.MatrixBase, sp.NDimArray))
+            else replace(leaf) for leaf in leaves], overridden
+
+
+def implemented_functions(leaves: Sequence[sp.Basic]) -> dict[str, Any]:
+    """The implementations that `sympy.utilities.lambdify.implemented_function` attached to
+    undefined functions in the equations (`_imp_`), by name, for functions=."""
+    found: dict[str, Any] = {}
+    for node in walk(list(leaves)):
+        implementation = getattr(type(node), "_imp_", None)
+        if isinstance(node, AppliedUndef) and callable(implementation):
+            found[type(node).__name__] = implementation
+    return found
+
+
 def bind_entries(leaves: list[Any], arguments: Sequence[ArgumentSpec]
                  ) -> tuple[list[Any], Sequence[ArgumentSpec]]:
     """Entries such as `q(t)` and `q(t).diff(t)` (sympy.physics.mechanics' dynamicsymbols)
@@ -413,11 +454,13 @@ def emit(
     written = list(equations.leaves)
     written = unroll_sums(written, list(walk(written)))
     written, arguments = bind_entries(written, arguments)
+    written, overridden = override_functions(written, functions)
     nodes = list(walk(written))
     leaves = without_dirac_delta(written, nodes)
     if leaves is not written:
         nodes = list(walk(leaves))
-    undefined = check_functions(nodes, functions)
+    undefined = check_functions(
+        nodes, {**functions, **{name: functions[key] for name, key in overridden.items()}})
     _check_free_symbols(nodes, arguments)
 
     substitutions: dict[sp.Basic, sp.Basic] = {}
@@ -426,7 +469,9 @@ def emit(
         generated, mapping = _generated_argument(spec, position)
         printed_arguments.append(generated)
         substitutions.update(mapping)
-    user_functions = {f"{FUNCTION_PREFIX}{k}": name for k, name in enumerate(undefined)}
+    printed_functions = {name: f"{FUNCTION_PREFIX}{k}" for k, name in enumerate(undefined)}
+    user_functions = {generated: overridden.get(name, name)
+                      for name, generated in printed_functions.items()}
 
     # Bounded-depth statements (and CSE) first, on the user's trees, without recursion;
     # every right-hand side is then shallow enough for xreplace, the printer and `ast`.
@@ -438,11 +483,11 @@ def emit(
                                          share_above=SHARE_PAIRS_ABOVE_OPERATIONS)
     with stopwatch.stage("emit"):
         return _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
-                      user_functions)
+                      user_functions, printed_functions)
 
 
 def _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
-           user_functions) -> EmittedCode:
+           user_functions, printed_functions) -> EmittedCode:
     """Substitute the generated argument names, then print with SymPy's JAX printer."""
     assignments = [(name, value.xreplace(substitutions)) for name, value in assignments]
     reduced = [entry.xreplace(substitutions) for entry in reduced]
@@ -455,7 +500,7 @@ def _print(equations, leaves, assignments, reduced, substitutions, printed_argum
         raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
     try:
         source = _EvaluatorPrinter(
-            jax_printer({name: generated for generated, name in user_functions.items()}), False
+            jax_printer(printed_functions), False
         ).doprint(FUNCTION_NAME, printed_arguments, tuple(leaves), cses=assignments)
     except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
         raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error

@@ -138,9 +138,15 @@ def _trace_user_function(function: Callable, name: str, shapes: tuple, dtype: np
         return jax.make_jaxpr(function)(*(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes))
     except Exception as error:  # noqa: BLE001 - the user's code: any exception, re-raised named
         described = ", ".join(f"{np.dtype(dtype).name}{list(shape)}" for shape in shapes)
+        hint = ""
+        if isinstance(error, (jax.errors.ConcretizationTypeError,
+                              jax.errors.TracerArrayConversionError, TypeError)):
+            # math.sin(v) and numpy.sin(v) ask a traced value for a concrete number
+            hint = ("; an implementation is traced by JAX: write it with jax.numpy "
+                    "(jnp.sin, not math.sin or numpy.sin)")
         raise BuildError(
             f'functions["{name}"]: raised {type(error).__name__} when traced with '
-            f"{len(shapes)} argument(s) ({described}), as the equations call it: {error}"
+            f"{len(shapes)} argument(s) ({described}), as the equations call it{hint}: {error}"
         ) from error
 
 

@@ -318,8 +318,10 @@ def test_builderror_user_function_raised(implementation, raised):
 
 def test_builderror_sympy_function_in_functions():
     _check("builderror-sympy-function-in-functions", sk.BuildError,
-           r'functions\["sin"\]: sin in eqs is SymPy\'s own function, which functions= does not '
-           "replace", lambda: sk.build_function(sp.sin(x0), x0, functions={"sin": jnp.cos}))
+           r'functions\["Piecewise"\]: Piecewise in eqs is SymPy\'s own function, which '
+           "functions= does not replace",
+           lambda: sk.build_function(sp.Piecewise((x0, x0 > 0), (0, True)), x0,
+                                     functions={"Piecewise": jnp.cos}))
 
 
 @pytest.mark.parametrize(("name", "shown"), [("a b", "'a b'"), ("a, b", "'a, b'"), ("", "''"),
