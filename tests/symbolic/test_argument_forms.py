@@ -49,3 +49,13 @@ def test_nested_lists_of_symbols_are_a_matrix_argument():
                                rtol=0)
     with pytest.raises(sk.BuildError, match=r"x1: expected rows of symbols of one length"):
         sk.build_function(a, [[a, b], [c]], dtype="float64")
+
+
+def test_argument_form_errors_are_documented():
+    from pathlib import Path
+
+    errors = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
+    assert '<a id="builderror-argument-forms"></a>' in errors
+    for message in ("expected an IndexedBase of one or two integer dimensions",
+                    "expected rows of symbols of one length", "but is not an argument itself"):
+        assert message in errors
