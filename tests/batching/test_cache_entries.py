@@ -207,8 +207,11 @@ def test_an_entry_others_can_write_is_not_used(cache):
     assert_right(kernel)
 
 
+#: random tamperings per run (SYMKERN_SLOW=1: the long run)
+TAMPER_EXAMPLES = 300 if os.environ.get("SYMKERN_SLOW") else 25
+
 @given(data=st.data())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=TAMPER_EXAMPLES, deadline=None)
 def test_tampered_bytes_of_an_entry_give_a_right_kernel_or_a_rebuild(tmp_path_factory, data):
     """Random bytes of random entry files changed, cut or added: each build is either the
     right kernel from the cache or, with a CacheWarning, the right kernel rebuilt."""

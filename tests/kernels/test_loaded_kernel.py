@@ -4,6 +4,8 @@ the kernel itself and hand-written jax.numpy."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,8 +154,11 @@ def saved_bytes(pair, tmp_path_factory) -> bytes:
     return kernel.save(tmp_path_factory.mktemp("saved") / "kernel.npz", X, ps).read_bytes()
 
 
+#: random tamperings per run (SYMKERN_SLOW=1: the long run)
+TAMPER_EXAMPLES = 300 if os.environ.get("SYMKERN_SLOW") else 25
+
 @given(data=st.data())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=TAMPER_EXAMPLES, deadline=None)
 def test_tampered_bytes_of_a_blob_or_file_give_a_right_kernel_or_a_clear_error(
         pair, blob, saved_bytes, tmp_path_factory, data) -> None:
     kernel, _, ps, X = pair
