@@ -47,14 +47,15 @@ def enable_cache(directory: str | os.PathLike | None = None) -> Path | None:
     global _cache
     named = directory or os.environ.get(CACHE_DIR_VARIABLE)
     origin = CACHE_DIR_VARIABLE if named and not directory else "enable_cache"
-    path = Path(named or Path.home() / ".cache" / "symkern").expanduser()
+    path = Path(named or "~/.cache/symkern")
     try:
+        path = path.expanduser()  # RuntimeError where no home directory is known
         make_private_directory(path / "xla")
         reason = next((f"{folder} {why}" for folder in
                        [path] + [path / name for name in FOLDERS if (path / name).exists()]
                        if (why := trusted_directory(folder))), None)
-    except OSError as error:
-        reason = f"{path} cannot be created ({error.strerror or error})"
+    except (OSError, RuntimeError) as error:
+        reason = f"{path} cannot be created ({getattr(error, 'strerror', None) or error})"
     if reason is not None:
         disable_cache()
         warnings.warn(f"{origin}: the cache directory is refused: {reason}; the cache holds "

@@ -265,6 +265,16 @@ def test_a_cache_directory_others_can_write_is_refused(tmp_path):
     assert "codegen is writable by its group" in refused(private)
 
 
+def _no_home(*args):
+    raise RuntimeError("Could not determine home directory")
+
+
+def test_a_cache_directory_under_an_unknown_home_is_refused(monkeypatch):
+    monkeypatch.delenv("SYMKERN_CACHE_DIR", raising=False)
+    monkeypatch.setattr(Path, "expanduser", _no_home)  # what pathlib does without a home
+    assert "cannot be created (Could not determine home directory)" in refused(None)
+
+
 def test_a_file_or_unwritable_place_as_cache_directory_is_refused(tmp_path):
     plain = tmp_path / "file"
     plain.write_text("")
