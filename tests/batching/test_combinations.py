@@ -32,8 +32,15 @@ from symkern.codegen import passes
 SLOW = bool(os.environ.get("SYMKERN_SLOW"))
 BATCHES: tuple[tuple[int, ...], ...] = (
     (), (1,), (63,), (64,), (65,), (1023,), (1024,), (1025,), (4095,), (4096,), (4097,), (3, 5))
-#: the batches every call path runs at in the bounded profile
+#: the batches every call path runs at in the bounded profile (the 2-D one: TWO_D_PATHS)
 PATH_BATCHES = ((65,), (3, 5))
+TWO_D_PATHS = ("eager", "jit", "vmap", "grad_data", "export")
+#: the bounded profile's eager batches of the forms whose thresholds sit elsewhere (each new
+#: shape compiles; pieces compile every piece): both sides of 64 and of a tile of 4,096
+EAGER_BATCHES = {form: ((), (1,), (64,), (65,), (4096,), (4097,), (3, 5))
+                 for form in ("scalar-const-args", "contracted", "vectorized")}
+EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
+EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
          "export")
 
@@ -270,9 +277,9 @@ def _matrix() -> list[Any]:
             for path in PATHS:
                 if not _applies(path, batch):
                     continue
-                bounded = path == "eager" or batch in PATH_BATCHES
-                if form == "pieces" and path == "eager":  # each shape compiles every piece
-                    bounded = batch in PATH_BATCHES + ((1,), (64,))
+                bounded = (batch in EAGER_BATCHES.get(form, BATCHES) if path == "eager"
+                           else batch in PATH_BATCHES and (batch == PATH_BATCHES[0]
+                                                           or path in TWO_D_PATHS))
                 marks = [] if bounded else [pytest.mark.slow]
                 cells.append(pytest.param(form, batch, path, marks=marks,
                                           id=f"{form}-{'x'.join(map(str, batch)) or 'one'}-{path}"))
