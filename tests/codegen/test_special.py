@@ -269,8 +269,16 @@ def _draws(case: Case, rng: np.random.Generator, count: int) -> np.ndarray:
                      case.n.sample(rng, count)], axis=-1)
 
 
+def _exact(value: float) -> sp.Basic:
+    """A float's exact value as SymPy evaluates it numerically: an Integer where it is one,
+    else a 30-digit Float (exact for a float64; an exact Rational would send SymPy into
+    exact arithmetic on 2^52 denominators, x**y among them, for minutes)."""
+    value = float(value)
+    return sp.Integer(int(value)) if value.is_integer() else sp.Float(value, 30)
+
+
 def _reference(expr: sp.Basic, sample: np.ndarray) -> float:
-    values = {symbol: sp.Rational(float(v)) for symbol, v in zip((x, y, n), sample, strict=True)}
+    values = {symbol: _exact(v) for symbol, v in zip((x, y, n), sample, strict=True)}
     result = sp.N(expr.xreplace(values), 30)
     if result.has(sp.nan, sp.zoo) or not result.is_number:
         return math.nan
@@ -356,7 +364,7 @@ def test_derivative_matches_mpmath(name):
 
 
 def _numerical_derivative(expr: sp.Basic, sample: np.ndarray) -> float:
-    rest = {y: sp.Rational(float(sample[1])), n: sp.Rational(float(sample[2]))}
+    rest = {y: _exact(sample[1]), n: _exact(sample[2])}
 
     def along_x(t: mpmath.mpf) -> mpmath.mpf:
         return mpmath.mpf(str(sp.N(expr.xreplace({x: sp.Float(str(t), 50), **rest}), 50)))
