@@ -59,3 +59,26 @@ def test_argument_form_errors_are_documented():
     for message in ("expected an IndexedBase of one or two integer dimensions",
                     "expected rows of symbols of one length", "but is not an argument itself"):
         assert message in errors
+
+
+def test_each_argument_form_matches_lambdify_numpy():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sympy.physics.mechanics import dynamicsymbols
+    q = dynamicsymbols("q")
+    qd = q.diff(dynamicsymbols._t)
+    z = sp.Symbol("z")
+    cases = [
+        (sp.sin(q) * qd**2, [q, qd]),                            # functions of time
+        (sp.Sum(z**i / sp.factorial(i), (i, 0, 6)), [z]),         # Sum over integer bounds
+        (X[0] * X[2] - sp.exp(X[1]), [X[0], X[1], X[2]]),       # Indexed entries
+    ]
+    values = np.random.default_rng(3).normal(size=(5, 3))
+    for expr, arguments in cases:
+        kernel = sk.build_function(expr, arguments, dtype="float64")
+        columns = values[:, :len(arguments)]
+        reference = sp.lambdify(arguments, expr, modules="numpy")
+        np.testing.assert_allclose(kernel(columns), reference(*columns.T), rtol=1e-13,
+                                   err_msg=str(expr))
