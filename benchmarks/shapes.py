@@ -119,15 +119,36 @@ def _power(base: sp.Expr, exponent: Any) -> sp.Expr:
     return sp.Pow(base, exponent, evaluate=False)
 
 
+def _flat(kind: type, items: tuple[sp.Expr, ...]) -> list[sp.Expr]:
+    """`items` with nested `kind` nodes spliced in and their numbers folded into one."""
+    flat: list[sp.Expr] = []
+    for item in items:
+        flat.extend(item.args if isinstance(item, kind) else (item,))
+    numbers = [item for item in flat if item.is_Number]
+    if len(numbers) > 1:
+        folded = kind(*numbers)
+        flat = [folded] + [item for item in flat if not item.is_Number]
+    return flat
+
+
 def _product(*factors: sp.Expr) -> sp.Expr:
-    """A product without SymPy's evaluation, for the same reason as `_power`."""
-    return sp.Mul(*factors, evaluate=False)
+    """A product without SymPy's evaluation, for the same reason as `_power`, but flat, with
+    one number and distinct factors like an evaluated one: SymPy's cse returns wrong values
+    on unevaluated nodes that repeat an argument (`Add(a, b, Add(a, b), evaluate=False)`
+    comes back as `a + b`), so a repeat is left to SymPy's evaluation."""
+    flat = _flat(sp.Mul, factors)
+    if len(set(flat)) < len(flat):
+        return sp.Mul(*flat)
+    return sp.Mul(*flat, evaluate=False) if len(flat) > 1 else flat[0]
 
 
 def _sum(*terms: sp.Expr) -> sp.Expr:
-    """A sum inside a term without SymPy's evaluation, for the same reason as `_power`; the
-    outputs' sums of terms are evaluated (flattened and ordered as SymPy does)."""
-    return sp.Add(*terms, evaluate=False)
+    """A sum inside a term, built as `_product` builds a product; the outputs' sums of terms
+    are evaluated (flattened and ordered as SymPy does)."""
+    flat = _flat(sp.Add, terms)
+    if len(set(flat)) < len(flat):
+        return sp.Add(*flat)
+    return sp.Add(*flat, evaluate=False) if len(flat) > 1 else flat[0]
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,15 @@ def test_issue_cases_have_their_size() -> None:
     assert 4 * 200 <= count_operations([expr]) <= 6 * 200
     expr, x, params = shapes.parameter_sum(50)
     assert len(params) == 50 and expr.free_symbols == {x, *params.values()}
+
+
+@pytest.mark.parametrize("profile", sorted(shapes.PROFILES))
+def test_sympy_cse_keeps_the_value_of_a_shape(profile: str) -> None:
+    """The nodes are built unevaluated; one that repeats an argument made SymPy's cse
+    (and so lambdify's cse=True, a benchmark's anchor) return another value."""
+    shape = shapes.generate(profile, 1_000, seed=0)
+    args = (shape.inputs, list(shape.params.values()))
+    x, values = np.random.default_rng(0).uniform(-1, 1, len(shape.inputs)), list(shape.param_values.values())
+    plain = np.ravel(sp.lambdify(args, list(shape.eqs), "numpy", cse=False)(x, values))
+    shared = np.ravel(sp.lambdify(args, list(shape.eqs), "numpy", cse=True)(x, values))
+    np.testing.assert_allclose(shared, plain, rtol=1e-9, atol=1e-9 * np.abs(plain).max())
