@@ -153,7 +153,7 @@ BLOCKWISE_JNP = frozenset(row.target.split(".", 1)[1] for row in CALLEE_TABLE.va
 
 #: SymPy functions that print only through other rows (no callee of their own).
 COMPOSITE_SYMPY = ("cbrt", "root", "Pow", "sec", "csc", "RisingFactorial", "FallingFactorial",
-                   "factorial2", "maximum", "minimum", "ITE")
+                   "factorial2", "maximum", "minimum")
 
 #: SymPy functions symkern refuses, each with the reason and the route a user can take:
 #: `symkern.errors.UnsupportedFunctionError` carries both, and docs/coverage.md lists them.

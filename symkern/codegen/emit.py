@@ -296,8 +296,10 @@ def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) 
                 "function, which functions= does not replace; functions= implements undefined "
                 f'functions (sp.Function("name")): write the equations with one of those'
             )
-        elif (isinstance(node, (sp.Function, BooleanFunction))
+        elif (isinstance(node, (sp.Function, BooleanFunction)) and not isinstance(node, ITE)
               and type(node).__name__ not in SUPPORTED_SYMPY_FUNCTIONS):
+            # an ITE is a Piecewise's condition of a Piecewise, which the printer writes in
+            # negation normal form (JaxPrinter._print_Piecewise above)
             raise UnsupportedFunctionError(unsupported_message(type(node).__name__))
         elif isinstance(node, sp.Function):
             refused = refused_form(node)
