@@ -405,7 +405,7 @@ class Kernel:
         compile: `jobs` are `(jitted, key, arguments, counted)`, each done once per key.
 
         Traced and lowered in turn, then compiled in parallel threads (XLA's compile
-        releases the GIL). With cores to spare the probe's forms cost about one compile's
+        releases the GIL). With cores to spare tune's three programs cost about one compile's
         time; on a 2-core machine, where XLA compiles one program on both cores already,
         the pendulum's three went 0.23 → 0.18 s (docs/design/output-assembly.md).
         """
