@@ -168,7 +168,7 @@ def build_function(
     """
     chosen = build_options(options, cse=cse, embed_max_bytes=embed_max_bytes,
                            vectorize=vectorize, split=split,
-                           dtype=None if dtype is UNSET else dtype)
+                           dtype=dtype)
     functions = dict(functions or {})
     for name, implementation in functions.items():
         if not isinstance(name, str) or not callable(implementation):

@@ -143,7 +143,7 @@ def build_structured_function(
     if not isinstance(snn, StructuredNetwork):
         raise BuildError(f"snn: expected a StructuredNetwork, got {type(snn).__name__}")
     chosen = build_options(options, cse=cse, embed_max_bytes=embed_max_bytes,
-                           dtype=None if dtype is UNSET else dtype)
+                           dtype=dtype)
     resolved_dtype = resolve_dtype(chosen.dtype)
     chosen = chosen.resolved(resolved_dtype)
     start = time.perf_counter()

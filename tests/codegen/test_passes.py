@@ -80,6 +80,13 @@ def test_keyword_arguments_replace_the_options_fields():
                                embed_max_bytes=64, dtype="float64")
     assert kernel.options.cse is False and kernel.options.embed_max_bytes == 64
     assert kernel.options.dtype == "float64"
+    # a field given in options= holds unless a keyword replaces it
+    kept = sk.build_function(x0 * a, [x0], params={"a": a},
+                             options=sk.BuildOptions(dtype="float32"))
+    assert kept.dtype == np.float32 and kept.options.dtype == "float32"
+    snn = sk.StructuredNetwork(sk.Chain(sk.Dense(2, 40, "tanh"), sk.Linear(40, 1)))
+    structured = sk.build_nn_function(snn.output, snn, options=sk.BuildOptions(dtype="float32"))
+    assert structured.dtype == np.float32
 
 
 def test_every_option_is_part_of_the_cache_key(tmp_path):
