@@ -69,7 +69,7 @@ def main(names: list[str]) -> None:
         kernel = tool.kernel
         X = tool.prepare(wl.sample(BATCH, seed=1))
         ps = tool.params(wl.param_values)
-        prepared = kernel._prepare((X, ps))
+        prepared = kernel.prepare((X, ps))
         calls = {"current": lambda k=kernel, x=X, p=ps: k(x, p), **variants(kernel, prepared)}
         reference = columns(kernel(X, ps))
         for label, call in calls.items():

@@ -172,11 +172,11 @@ def main() -> None:
             reference, base = out, kernel
         else:
             print(f"{name}: max abs diff to kernel(X, ps) {np.max(np.abs(out - reference)):.1e}")
-        prepared = kernel._prepare((X32, ps))
+        prepared = kernel.prepare((X32, ps))
         summaries[name] = hlo_summary(
             kernel._compute_top.lower(*prepared).compile().as_text())
         calls[name] = blocking(lambda kernel=kernel: kernel(X32, ps))
-    prepared = base._prepare((X32, ps))
+    prepared = base.prepare((X32, ps))
     calls["entries only"] = blocking(lambda: base._compute_top(*prepared))
     lowered = base._compute_jitted.lower(*prepared)
     for name, options in XLA_OPTIONS.items():

@@ -69,7 +69,7 @@ def run(name: str, batch: int, rounds: int) -> dict:
     ps = jax.tree_util.tree_map(lambda v: jnp.asarray(np.asarray(v, np.float32)), wl.param_values)
     X = jnp.asarray(wl.sample(batch, seed=1).astype(np.float32))
     XT = jnp.asarray(np.ascontiguousarray(np.asarray(X).T))
-    prepared = kernel._prepare((X, ps))
+    prepared = kernel.prepare((X, ps))
     fn = kernel._function
     treedef = kernel.signature.parameter_treedef
     leaves = prepared[2]
@@ -126,12 +126,12 @@ def run(name: str, batch: int, rounds: int) -> dict:
     }
     # ---- per-call overhead at one sample ------------------------------------------------
     x1 = X[0]
-    one = kernel._prepare((x1, ps))
+    one = kernel.prepare((x1, ps))
     kernel(x1, ps)
     lam_one = jax.jit(lam)
     lat = interleaved({
         "call": lambda: kernel(x1, ps),
-        "prepare_only": lambda: kernel._prepare((x1, ps)),
+        "prepare_only": lambda: kernel.prepare((x1, ps)),
         "compute_jit_only": lambda: kernel._compute_jitted(*one),
         "assemble_jit_only": lambda: kernel._assemble_jitted(kernel._compute_jitted(*one)),
         "fused_jit_only": lambda: kernel._jitted(*one),

@@ -48,7 +48,7 @@ def measure(name: str, widths: list[int], batch: int, rounds: int) -> None:
     tool.build()
     kernel = tool.kernel
     data, ps = tool.prepare(wl.sample(batch, seed=1)), tool.params(wl.param_values)
-    prepared = kernel._prepare((data, ps))
+    prepared = kernel.prepare((data, ps))
     calls, results = {}, {}
     for width in widths:
         options = {"xla_cpu_prefer_vector_width": width}

@@ -298,7 +298,7 @@ class Kernel:
     def _checked_arguments(self, args: tuple, signatures: set) -> tuple[tuple, tuple]:
         leaves, treedef = jax.tree_util.tree_flatten(args)
         refuse_integer_arrays(self, leaves)
-        _, data, parameter_leaves = self._prepare(args)
+        _, data, parameter_leaves = self.prepare(args)
         signatures.add((treedef, tuple(map(_leaf_signature, leaves))))
         return data, parameter_leaves
 
@@ -397,8 +397,6 @@ class Kernel:
         check_dtype_policy(self.dtype)
         data, ps = self._split(args)
         return (self._const_values, self.check_data(data), self.check_parameters(ps))
-
-    _prepare = prepare
 
     def _note_compilations(self, jobs: Sequence[tuple]) -> None:
         """Compile ahead of the first call of each batch shape, timing trace, lower and
@@ -622,11 +620,11 @@ class Kernel:
 
     def jaxpr(self, *args: Any) -> Any:
         """The jaxpr of the whole call (stage 3) for arguments of these shapes."""
-        return jax.make_jaxpr(self._jitted)(*self._prepare(args))
+        return jax.make_jaxpr(self._jitted)(*self.prepare(args))
 
     def hlo(self, *args: Any, dialect: str = "stablehlo") -> str:
         """The lowered program as text, const args first in its signature."""
-        return self._jitted.lower(*self._prepare(args)).as_text(dialect=dialect)
+        return self._jitted.lower(*self.prepare(args)).as_text(dialect=dialect)
 
     def export(self, *args: Any) -> bytes:
         """Serialize the kernel for `symkern.load`, with a symbolic batch shape.
@@ -635,7 +633,7 @@ class Kernel:
         The const args are exported as ordinary arguments: the blob does not contain them,
         and loading it requires supplying them (`symkern.load(blob, kernel.const_args)`).
         """
-        const_values, data, parameter_leaves = self._prepare(args)
+        const_values, data, parameter_leaves = self.prepare(args)
         ps = (jax.tree_util.tree_unflatten(self.signature.parameter_treedef, parameter_leaves)
               if self.signature.has_parameters else None)
         treedef = self.signature.parameter_treedef

@@ -100,7 +100,7 @@ def _kernel():
 
 
 def _arguments(kernel, X, ps):
-    const_values, data, leaves = kernel._prepare((X, ps))
+    const_values, data, leaves = kernel.prepare((X, ps))
     tree = jax.tree_util.tree_unflatten(kernel.signature.parameter_treedef, leaves)
     return (*const_values, *data, tree)
 
@@ -140,7 +140,7 @@ def test_parallel_compile_and_finish(kernel):
     assert len(compiled) == len(program.split.pieces)
     assert set(program.timings) == {"trace_and_lower", "xla_compile"}
     got = program(*arguments)
-    expected = jax.jit(kernel._compute)(*kernel._prepare((X, PS)))
+    expected = jax.jit(kernel._compute)(*kernel.prepare((X, PS)))
     assert all(g.shape == batch for g in got)
     np.testing.assert_allclose(np.stack(got), np.stack(expected), rtol=1e-12, atol=1e-12)
     assert program.compile(*arguments) is compiled  # one compile per argument shapes
@@ -149,7 +149,7 @@ def test_parallel_compile_and_finish(kernel):
 def test_under_jit_and_grad(kernel):
     X = np.random.default_rng(2).standard_normal((4, 3))
     program = SplitProgram.from_module(kernel._generated.module, 4)
-    const_values, data, leaves = kernel._prepare((X, PS))
+    const_values, data, leaves = kernel.prepare((X, PS))
     treedef = kernel.signature.parameter_treedef
 
     def total(function, ps_leaves):
