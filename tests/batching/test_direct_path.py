@@ -45,13 +45,13 @@ PS = {"a": 2.0, "W": np.array([[1.0, 2.0], [3.0, 4.0]])}
 
 def counting_prepare(kernel, monkeypatch):
     calls = []
-    checked = kernel._prepare
+    checked = kernel.prepare
 
     def prepare(args):
         calls.append(len(args))
         return checked(args)
 
-    monkeypatch.setattr(kernel, "_prepare", prepare)
+    monkeypatch.setattr(kernel, "prepare", prepare)
     return calls
 
 
