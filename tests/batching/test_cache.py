@@ -47,21 +47,23 @@ def test_a_second_process_loads_the_generated_code_from_the_cache(tmp_path):
 
 SPLIT_SCRIPT = textwrap.dedent("""
     import json, sys
+    TERMS = 80
     import jax, numpy as np, sympy as sp, symkern as sk
     jax.config.update("jax_enable_x64", True)
+    from symkern.batching import build
     from symkern.codegen import passes
     sk.enable_cache(sys.argv[1])
     xs = sp.symbols("x0:6"); a = sp.Symbol("a")
-    # > 2,000 operations: compiled as pieces with the limit lowered to 2,000 (the default,
-    # passes.SPLIT_ABOVE_OPERATIONS, is higher) when not vectorized
-    passes.SPLIT_ABOVE_OPERATIONS = 2000
+    # > 400 operations: compiled as pieces of 200 with the limits lowered (the defaults,
+    # passes.SPLIT_ABOVE_OPERATIONS and PIECE_OPERATIONS, are higher) when not vectorized
+    passes.SPLIT_ABOVE_OPERATIONS, build.PIECE_OPERATIONS = 400, 200
     eqs = sp.Matrix([sp.Add(*[sp.sin(xs[i % 6] * (i + 1 + k)) * a * xs[(i + k) % 6]
-                              for i in range(300)]) for k in range(2)])
+                              for i in range(TERMS)]) for k in range(2)])
     kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", vectorize=False)
     X = np.linspace(-1, 1, 18).reshape(3, 6)
     out = np.asarray(kernel(X, {"a": 1.5}))
     want = np.array([[sum(np.sin(X[n, i % 6] * (i + 1 + k)) * 1.5 * X[n, (i + k) % 6]
-                          for i in range(300)) for k in range(2)] for n in range(3)])
+                          for i in range(TERMS)) for k in range(2)] for n in range(3)])
     # a traced call compiles the whole body's Python function then (lazily)
     traced = np.asarray(jax.jit(lambda X: kernel(X, {"a": 1.5}))(X))
     print(json.dumps({"timings": kernel.timings, "pieces": len(kernel._pieces.split.pieces),

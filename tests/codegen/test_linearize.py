@@ -141,7 +141,9 @@ def test_share_above_searches_pairs_only_in_larger_bodies():
         assert count_operations([r for _, r in repl] + reduced) == (7 if shared else 10)
 
 
-def test_emit_keeps_small_bodies_as_written_and_shares_pairs_in_large_ones():
+@pytest.mark.parametrize("share_above", [400, pytest.param(None, marks=pytest.mark.slow)])
+def test_emit_keeps_small_bodies_as_written_and_shares_pairs_in_large_ones(monkeypatch,
+                                                                          share_above):
     from symkern.codegen import emit as emit_module
     from symkern.symbolic.arguments import data_argument, equation_set
 
@@ -149,12 +151,16 @@ def test_emit_keeps_small_bodies_as_written_and_shares_pairs_in_large_ones():
     small = [a * b * c, a * b * d]
     source = emit_module.emit(equation_set(sp.Matrix(small)), [data_argument(list(X), 1)]).source
     assert "_c0" not in source  # a*b is not hoisted: nothing else repeats
-    # the same two products repeated with enough distinct terms to pass the threshold
+    # the same two products repeated with enough distinct terms to pass the threshold: the
+    # default emit.SHARE_PAIRS_ABOVE_OPERATIONS (a minute to print) or a lower one
+    if share_above is not None:
+        monkeypatch.setattr(emit_module, "SHARE_PAIRS_ABOVE_OPERATIONS", share_above)
     terms = [sp.sin(k * a) for k in range(1, emit_module.SHARE_PAIRS_ABOVE_OPERATIONS // 2)]
     large = [a * b * c + sum(terms), a * b * d + sum(terms)]
     assert count_operations(large, dag=True) > emit_module.SHARE_PAIRS_ABOVE_OPERATIONS
     source = emit_module.emit(equation_set(sp.Matrix(large)), [data_argument(list(X), 1)]).source
     assert re.search(r"^\s*_c\d+ = _a0\[0\]\*_a0\[1\]$", source, re.M), source[:400]
+
 
 def test_pendulum_mass_matrix_jacobian():
     from sympy.physics.mechanics import models

@@ -13,6 +13,9 @@ from symkern.codegen.operations import operation_count
 from symkern.errors import CodegenDriftError
 from symkern.kernels.split import LIVE_IN, SplitProgram, split_module
 
+#: terms of the large test bodies: ~4 operations each, above the patched limits
+TERMS = 150
+
 HAND_WRITTEN = """
 def kernel(x1, ps):
     _c0 = ps['a'] * x1[..., 0]
@@ -163,16 +166,19 @@ def test_under_jit_and_grad(kernel):
 
 
 @pytest.fixture
-def split_at_2000(monkeypatch):
-    """Pieces and merged pairs above 2,000 operations, so that ~2,400-operation bodies
-    (quick to compile) exercise them; the defaults are higher (passes.SPLIT_ABOVE_OPERATIONS)."""
+def split_at_400(monkeypatch):
+    """Pieces of 200 operations and merged pairs above 400, so that ~600-operation bodies
+    (quick to compile) exercise them; the defaults are higher (passes.SPLIT_ABOVE_OPERATIONS,
+    passes.PIECE_OPERATIONS, emit.SHARE_PAIRS_ABOVE_OPERATIONS)."""
+    from symkern.batching import build
     from symkern.codegen import emit, passes
 
-    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 2000)
-    monkeypatch.setattr(emit, "SHARE_PAIRS_ABOVE_OPERATIONS", 2000)
+    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 400)
+    monkeypatch.setattr(build, "PIECE_OPERATIONS", 200)
+    monkeypatch.setattr(emit, "SHARE_PAIRS_ABOVE_OPERATIONS", 400)
 
 
-def test_build_function_compiles_a_large_body_as_pieces(split_at_2000):
+def test_build_function_compiles_a_large_body_as_pieces(split_at_400):
     import numpy as np
     import sympy as sp
 
@@ -180,7 +186,7 @@ def test_build_function_compiles_a_large_body_as_pieces(split_at_2000):
 
     xs = sp.symbols("x0:4")
     a = sp.Symbol("a")
-    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(600)])
+    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(TERMS)])
     kernel = sk.build_function(sp.Matrix([expr, xs[0] * a]), xs, params={"a": a},
                                dtype="float64", progress=False, vectorize=False)
     assert kernel._pieces is not None and len(kernel._pieces.split.pieces) > 1
@@ -203,7 +209,7 @@ def test_exceeds_operations_agrees_with_the_count(limit):
 
 
 def test_split_false_compiles_a_large_body_as_one_executable_without_merged_pairs(
-        tmp_path, split_at_2000):
+        tmp_path, split_at_400):
     import jax
     import numpy as np
     import sympy as sp
@@ -213,7 +219,7 @@ def test_split_false_compiles_a_large_body_as_one_executable_without_merged_pair
 
     xs = sp.symbols("x0:4")
     a = sp.Symbol("a")
-    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(600)])
+    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(TERMS)])
     eqs = sp.Matrix([expr, xs[0] * a])
     sk.enable_cache(tmp_path)  # split is part of the generated code's cache key
     try:
@@ -226,10 +232,10 @@ def test_split_false_compiles_a_large_body_as_one_executable_without_merged_pair
         sk.disable_cache()
     assert "cache_load" not in kernels[False].timings and "cache_load" in again.timings
     assert kernels[True]._pieces is not None and kernels[False]._pieces is None
-    # the pieces' body shares the products a*x_k that 150 terms each hold; one executable
+    # the pieces' body shares the products a*x_k that ~38 terms each hold; one executable
     # keeps the terms as written (XLA fuses them better, docs/benchmarks.md)
     ops = {split: operation_count(k._generated.module) for split, k in kernels.items()}
-    assert ops[False] > ops[True] + 100, ops
+    assert ops[False] > ops[True] + 25, ops
     X = np.random.default_rng(0).uniform(-1, 1, size=(7, 4))
     reference = np.stack(sp.lambdify([xs, a], [expr, xs[0] * a], "numpy")(X.T, 1.5), -1)
     for kernel in (*kernels.values(), again):
@@ -253,7 +259,8 @@ def test_scalar_body_options_on_a_structured_network_are_refused():
             sk.build_nn_function(snn.output, snn, **{option: value})
 
 
-def test_a_body_between_the_separate_and_split_limits_compiles_whole_and_assembles_separately():
+def test_a_body_between_the_separate_and_split_limits_compiles_whole_and_assembles_separately(
+        monkeypatch):
     import jax
     import numpy as np
     import sympy as sp
@@ -261,9 +268,13 @@ def test_a_body_between_the_separate_and_split_limits_compiles_whole_and_assembl
     import symkern as sk
     from symkern.codegen import emit, passes
 
+    # separately assembled above 500 operations, pieces above 2,000 (defaults:
+    # passes.SEPARATE_ABOVE_OPERATIONS, passes.SPLIT_ABOVE_OPERATIONS)
+    monkeypatch.setattr(passes, "SEPARATE_ABOVE_OPERATIONS", 500)
+    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 2000)
     xs = sp.symbols("x0:4")
     a = sp.Symbol("a")
-    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(600)])
+    expr = sp.Add(*[sp.sin(xs[i % 4] * (i + 1)) * a * xs[(i + 1) % 4] for i in range(TERMS)])
     eqs = sp.Matrix([expr, xs[0] * a, expr * xs[1]])
     kernel = sk.build_function(eqs, xs, params={"a": a}, dtype="float64", progress=False,
                                vectorize=False)
