@@ -303,12 +303,15 @@ def test_unevaluated_power_of_an_integer_literal_evaluates(cse):
     np.testing.assert_allclose(cube(np.array([1.0])), [-26.0], rtol=0)
 
 
-def test_matrix_solve_is_a_build_error_with_a_route():
+def test_matrix_solve_is_a_batched_solve():
     from sympy.codegen.matrix_nodes import MatrixSolve
 
     M, v = sp.MatrixSymbol("M", 2, 2), sp.MatrixSymbol("v", 2, 1)
-    with pytest.raises(sk.BuildError, match="MatrixSolve.*LUsolve"):
-        sk.build_function(MatrixSolve(M, v), M, v, dtype="float64")
+    kernel = sk.build_function(MatrixSolve(M, v), M, v, dtype="float64")
+    Ms = np.array([[[2.0, 1.0], [0.5, 3.0]], [[1.0, -1.0], [2.0, 4.0]]])
+    vs = np.array([[1.0, 2.0], [-1.0, 0.5]])
+    np.testing.assert_allclose(kernel(Ms, vs), np.linalg.solve(Ms, vs[..., None])[..., 0],
+                               rtol=1e-12)
 
 
 def test_polygamma_with_the_order_as_data_evaluates():

@@ -1,0 +1,111 @@
+"""batching: build_array_function — matrix and array expressions as batched kernels.
+
+Imports every other part of symkern (the top of the import direction), as build.py does.
+`build_function` hands an equation set here when a leaf is a matrix expression, an array
+expression or a scalar of whole matrices (`symkern.codegen.arrays.needs_array_program`);
+the kernel is a `StructuredKernel` over the array program `generate_arrays` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import sympy as sp
+
+from symkern.batching.build import resolve_dtype
+from symkern.batching.program import KernelSignature, StructuredProgram
+from symkern.batching.structured import StructuredKernel
+from symkern.codegen.arrays import ArrayLeaf, array_leaf, generate_arrays, needs_array_program
+from symkern.codegen.passes import FUSED, BuildOptions
+from symkern.errors import BuildError
+from symkern.kernels.constants import ConstArg, origin_of, warn_if_large
+from symkern.kernels.stage import compile_kernel
+from symkern.symbolic.arguments import (
+    EquationSet,
+    check_unique_symbols,
+    data_argument,
+    equation_set,
+    is_symbolic_leaf,
+    parameter_arguments,
+)
+
+
+def _leaf_shape(leaf: ArrayLeaf) -> tuple[int, ...]:
+    rows_cols = tuple(int(d) for d in leaf.expr.shape)
+    if leaf.kind == "matrix" and rows_cols[1] == 1:
+        return rows_cols[:1]  # an m×1 matrix leaf is (m,), as for an explicit Matrix
+    return rows_cols
+
+
+def array_equation_set(eqs: Any) -> tuple[EquationSet, tuple[ArrayLeaf, ...]]:
+    """The equations' structure and leaves, each matrix or array leaf kept whole.
+
+    The other leaves are checked and shaped by `equation_set` as in a scalar build.
+    """
+    flat, treedef = jax.tree_util.tree_flatten(eqs, is_leaf=is_symbolic_leaf)
+    whole = [needs_array_program(leaf) for leaf in flat]
+    stand_ins = [sp.Symbol(f"_array{k}") if is_whole else leaf
+                 for k, (leaf, is_whole) in enumerate(zip(flat, whole, strict=True))]
+    checked = equation_set(jax.tree_util.tree_unflatten(treedef, stand_ins))
+    leaves, shapes = [], []
+    for leaf, is_whole, printed, shape in zip(flat, whole, checked.leaves, checked.shapes,
+                                              strict=True):
+        if not is_whole:
+            leaves.append(ArrayLeaf(printed, shape, "scalar"))
+            shapes.append(shape)
+            continue
+        described = array_leaf(leaf, ())
+        shape = () if described.kind == "scalar" else _leaf_shape(described)
+        leaves.append(ArrayLeaf(leaf, shape, described.kind))
+        shapes.append(shape)
+    equations = EquationSet(tuple(leaf.expr for leaf in leaves), tuple(shapes), checked.treedef,
+                            checked.labels)
+    return equations, tuple(leaves)
+
+
+def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
+                         options: BuildOptions, functions: dict | None = None
+                         ) -> StructuredKernel:
+    """`build_function` for equations with matrix or array expression leaves.
+
+    >>> W, x = sp.MatrixSymbol("W", 2, 2), sp.MatrixSymbol("x", 2, 1)
+    >>> k = build_array_function(W * x, x, params={"W": W}, options=BuildOptions())
+    >>> print(k.source)
+    def kernel(x1, ps):
+        return (ps['W'] @ x1[..., :, None])[..., 0],
+    <BLANKLINE>
+    """
+    if functions:
+        raise BuildError("functions: user functions are not available in equations with matrix "
+                         f"expressions (given: {sorted(functions)}); write the matrix parts "
+                         "as explicit matrices (.as_explicit())")
+    resolved_dtype = resolve_dtype(options.dtype)
+    chosen = options.resolved(resolved_dtype)
+    start = time.perf_counter()
+    data = [data_argument(arg, k + 1) for k, arg in enumerate(data_args)]
+    parameters, treedef = parameter_arguments(params)
+    check_unique_symbols(data + parameters)
+    equations, leaves = array_equation_set(eqs)
+    code = generate_arrays(leaves, data, parameters, cse=chosen.cse,
+                           embed_max_bytes=chosen.embed_max_bytes, dtype=resolved_dtype)
+    # leaves are whole arrays and scalar entries few: stacked in the one executable
+    generated = dataclasses.replace(code.generated, assembly=chosen.assembly or FUSED)
+    const_args = [ConstArg(literal.name, jax.device_put(literal.value),
+                           origin_of(literal.used_by, equations.label_of_entry,
+                                     "numeric matrix in a matrix expression (generate_arrays)"))
+                  for literal in generated.literals]
+    warn_if_large(const_args)
+    compiled_at = time.perf_counter()
+    function = compile_kernel(generated.module, None, "<symkern array kernel>")
+    timings = dict(generated.timings)
+    timings["python_compile"] = time.perf_counter() - compiled_at
+    timings["build"] = time.perf_counter() - start
+    signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
+                                params is not None)
+    program = StructuredProgram(generated, function, signature, equations,
+                                tuple(c.value for c in const_args), code.layout)
+    program.tile_chunk = chosen.tile_chunk
+    return StructuredKernel(program, timings, tuple(const_args), options=chosen)

@@ -1,0 +1,750 @@
+"""codegen, stages 1–2 for matrix and array expressions: MatrixSymbol algebra printed as arrays.
+
+Imports ast, numpy, sympy, symkern.codegen (rules, pipeline, structured), symkern.symbolic, errors.
+
+An equation written as a SymPy matrix expression (`W*x + b`, `MatrixSolve(A, v)`,
+`Trace(P*H.T)`, an `ArrayContraction`) is printed as whole-array operations over
+batch-leading arrays: a MatrixSymbol data argument is an array `(..., n, m)` (a vector one
+`(..., n)`, read as `x1[..., :, None]`), a parameter is `(n, m)`, and every operation used
+is batch-polymorphic (`@`, `jnp.linalg.solve`, `jnp.swapaxes(a, -1, -2)`, `jnp.einsum`
+with `...`), so the batch stays leading and no entry is ever written out. Scalar parts (a
+coefficient `a` in `a*W*x`, the function of an `ElementwiseApplyFunction`, a scalar
+equation around a `Determinant`) are printed by the ordinary pipeline through
+`structured.scalar_block` and broadcast. Numeric matrices become const args. The kernel
+has the structured form (`generate_structured`): it returns pieces, whole array leaves and
+scalar entries, described by a `StructuredLayout`.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sympy as sp
+from sympy.codegen.matrix_nodes import MatrixSolve
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
+from sympy.matrices.expressions.hadamard import HadamardPower
+from sympy.matrices.expressions.matexpr import MatrixElement
+from sympy.tensor.array.expressions import (
+    ArrayAdd,
+    ArrayContraction,
+    ArrayDiagonal,
+    ArrayTensorProduct,
+    PermuteDims,
+)
+from sympy.tensor.array.expressions.array_expressions import _CodegenArrayAbstract
+
+from symkern.codegen import rules
+from symkern.codegen.callee import ELEMENTWISE_TARGETS, dotted_name, target_node
+from symkern.codegen.emit import EmittedCode
+from symkern.codegen.pipeline import FLOAT32, GeneratedCode, print_source
+from symkern.codegen.structured import (
+    PieceLeaf,
+    StructuredCode,
+    StructuredLayout,
+    scalar_block,
+)
+from symkern.errors import BuildError, CodegenDriftError
+from symkern.symbolic.arguments import ArgumentSpec
+
+#: matrix-expression classes printed as arrays (an explicit Matrix is one too, as a leaf)
+MATRIX_OPERATIONS = (
+    sp.MatMul, sp.MatAdd, sp.MatPow, sp.Transpose, sp.Inverse, MatrixSolve, sp.HadamardProduct,
+    HadamardPower, sp.KroneckerProduct, sp.BlockMatrix, sp.Identity, sp.ZeroMatrix,
+    sp.OneMatrix, ElementwiseApplyFunction,
+)
+#: scalar-valued nodes computed from whole matrices
+MATRIX_SCALARS = (sp.Trace, sp.Determinant, sp.DotProduct)
+#: SymPy's array expressions (arbitrary rank)
+ARRAY_OPERATIONS = (ArrayTensorProduct, ArrayContraction, PermuteDims, ArrayDiagonal, ArrayAdd)
+
+#: callees through which a data argument may be read whole: each treats the leading axes
+#: as batch axes (the axis arguments are checked by `check_batch_polymorphic`)
+BATCH_POLYMORPHIC = frozenset({
+    "jnp.linalg.solve", "jnp.linalg.inv", "jnp.linalg.det", "jnp.linalg.matrix_power",
+    "jnp.swapaxes", "jnp.trace", "jnp.einsum", "jnp.expand_dims", "jnp.sum", "jnp.concatenate",
+    "jnp.broadcast_to", "jnp.reshape",
+})
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def needs_array_program(leaf: Any) -> bool:
+    """Whether an equation leaf is printed as array operations: a matrix expression that is
+    not an explicit Matrix (nor a lone MatrixSymbol), a SymPy array expression, or a scalar
+    expression that reads a Trace, Determinant, DotProduct or an entry of a matrix product.
+
+    >>> W, x = sp.MatrixSymbol("W", 3, 3), sp.MatrixSymbol("x", 3, 1)
+    >>> needs_array_program(W * x), needs_array_program(sp.Matrix([1, 2])), needs_array_program(W)
+    (True, False, False)
+    """
+    if isinstance(leaf, _CodegenArrayAbstract):
+        return True
+    if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
+        return not isinstance(leaf, sp.MatrixSymbol)
+    if isinstance(leaf, sp.Expr):
+        return any(_array_valued_scalar(node) for node in sp.preorder_traversal(leaf))
+    return False
+
+
+def _array_valued_scalar(node: sp.Basic) -> bool:
+    if isinstance(node, MATRIX_SCALARS):
+        return True
+    return isinstance(node, MatrixElement) and not isinstance(node.parent, sp.MatrixSymbol)
+
+
+def _drift(rule: str, expected: str, found: str) -> CodegenDriftError:
+    return CodegenDriftError(f"{rule}: expected {expected}, found {found}")
+
+
+def _load(name: str) -> ast.Name:
+    return ast.Name(name, ast.Load())
+
+
+def _call(callee: str, *arguments: ast.expr, **keywords: Any) -> ast.Call:
+    return ast.Call(target_node(callee), list(arguments),
+                    [ast.keyword(k, v if isinstance(v, ast.AST) else ast.Constant(v))
+                     for k, v in keywords.items()])
+
+
+def _index(value: ast.expr, *items: Any) -> ast.Subscript:
+    """`value[..., items]`; an item ":" is a slice, None a new axis."""
+    nodes: list[ast.expr] = [ast.Constant(Ellipsis)]
+    nodes += [ast.Slice() if item == ":" else ast.Constant(item) for item in items]
+    return ast.Subscript(value, ast.Tuple(nodes, ast.Load()), ast.Load())
+
+
+def _shape(expr: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in expr.shape)
+    except TypeError as error:
+        raise BuildError(f"{expr}: expected a matrix of integer shape, got shape {expr.shape}") from error
+
+
+@dataclass
+class Printed:
+    """An array value in the kernel: its expression and whether it reads a data argument."""
+
+    node: ast.expr
+    batched: bool
+
+
+class ArrayPrinter:
+    """Prints matrix and array expressions as batch-polymorphic array code.
+
+    `matrix(expr)` is a `(..., n, m)` value, `tensor(expr)` one of the expression's rank
+    after the batch, `scalar(expr)` a batch-shaped one; statements and const args collect
+    in `body` and `literals`. A subexpression that occurs more than once is computed once,
+    into a local `m<k>`.
+    """
+
+    def __init__(self, data: Sequence[ArgumentSpec], parameters: Sequence[ArgumentSpec], *,
+                 cse: bool, embed_max_bytes: int, dtype: np.dtype,
+                 occurrences: Counter) -> None:
+        self.data = list(data)
+        self.parameters = list(parameters)
+        self.scalar_parameters = [spec for spec in parameters if spec.entries]
+        self.options = {"cse": cse, "embed_max_bytes": embed_max_bytes, "dtype": dtype}
+        self.dtype = np.dtype(dtype)
+        self.embed_max_bytes = embed_max_bytes
+        self.occurrences = occurrences
+        self.body: list[ast.stmt] = []
+        self.literals: list[rules.HoistedLiteral] = []
+        self.upstream: list[str] = []
+        self.memo: dict[sp.Basic, Printed] = {}
+        self.blocks = 0
+        self.data_symbols = {entry for spec in data for entry in spec.entries}
+        self.data_names = {f"x{k + 1}" for k in range(len(data))}
+        self.arguments: dict[sp.Basic, Printed] = {}
+        for k, spec in enumerate(self.data):
+            self._declare(spec, _load(f"x{k + 1}"), True)
+        for spec in self.parameters:
+            value: ast.expr = _load("ps")
+            for key in spec.path:
+                value = ast.Subscript(value, ast.Constant(key), ast.Load())
+            self._declare(spec, value, False)
+
+    def _declare(self, spec: ArgumentSpec, value: ast.expr, batched: bool) -> None:
+        """The whole-matrix reading of an argument, for each MatrixSymbol or Matrix it is."""
+        rows_cols = spec.declared_shape
+        if rows_cols is None:
+            return
+        if spec.shape == rows_cols:
+            whole = value
+        elif rows_cols[1] == 1:
+            whole = _index(value, ":", None)
+        else:
+            whole = _index(value, None, ":")
+        matrix = sp.ImmutableMatrix(*rows_cols, list(spec.entries))
+        for key in (*spec.matrix_symbols, matrix):
+            self.arguments[key] = Printed(whole, batched)
+
+    # ---- values -----------------------------------------------------------------------
+    def _local(self, expr: sp.Basic, printed: Printed) -> Printed:
+        if self.occurrences[expr] < 2 or isinstance(printed.node, ast.Name):
+            return printed
+        name = f"m{len(self.memo) + 1}"
+        self.body.append(ast.Assign([ast.Name(name, ast.Store())], printed.node))
+        return Printed(_load(name), printed.batched)
+
+    def _assign(self, stem: str, node: ast.expr) -> ast.Name:
+        name = f"{stem}{len(self.body) + 1}"
+        self.body.append(ast.Assign([ast.Name(name, ast.Store())], node))
+        return _load(name)
+
+    def matrix(self, expr: sp.Basic) -> Printed:
+        """`expr` (a matrix expression or Matrix) as a `(..., rows, cols)` value."""
+        if expr in self.memo:
+            return self.memo[expr]
+        if expr in self.arguments:
+            return self.arguments[expr]
+        if isinstance(expr, sp.MatrixSymbol):
+            raise BuildError(f"{expr}: a MatrixSymbol that is neither a data argument nor a "
+                             "parameter; pass it as one of them")
+        handler = _MATRIX_HANDLERS.get(type(expr))
+        if handler is None:
+            if isinstance(expr, sp.MatrixBase):
+                handler = ArrayPrinter._explicit
+            else:
+                raise BuildError(
+                    f"{type(expr).__name__} ({expr}): not a matrix operation symkern prints as "
+                    f"arrays (it prints {', '.join(c.__name__ for c in MATRIX_OPERATIONS)}); "
+                    "write it with those, or as an explicit Matrix (.as_explicit())")
+        printed = self._local(expr, handler(self, expr))
+        self.memo[expr] = printed
+        return printed
+
+    def scalar(self, expr: sp.Expr) -> Printed:
+        """A scalar expression, batch-shaped, printed by the ordinary pipeline; its array
+        parts (a Trace, a Determinant, …) are printed here and read as placeholders."""
+        expr = sp.sympify(expr)
+        if expr in self.memo:
+            return self.memo[expr]
+        if isinstance(expr, sp.Number):
+            return Printed(ast.Constant(float(expr)), False)
+        parts = {node for node in sp.preorder_traversal(expr) if _array_valued_scalar(node)}
+        extra, replaced = [], {}
+        for part in sorted(parts, key=sp.default_sort_key):
+            placeholder = sp.Dummy("array")
+            replaced[part] = placeholder
+            extra.append((ArgumentSpec("placeholder", (), (placeholder,)),
+                          self._array_scalar(part).node))
+        block = self.block([expr.xreplace(replaced)], extra)
+        batched = bool(_names(block[0]) & self.data_names) or any(
+            p.free_symbols & self.data_symbols for p in parts)
+        printed = self._local(expr, Printed(block[0], batched))
+        self.memo[expr] = printed
+        return printed
+
+    def block(self, entries: Sequence[sp.Expr],
+               extra: Sequence[tuple[ArgumentSpec, ast.expr]]) -> list[ast.expr]:
+        self.blocks += 1
+        block = scalar_block(entries, self.data, extra, self.scalar_parameters,
+                             f"s{self.blocks}", len(self.literals), **self.options)
+        self.body.extend(block.statements)
+        self.literals.extend(block.literals)
+        self.upstream.append(block.upstream)
+        return block.entries
+
+    def _array_scalar(self, node: sp.Basic) -> Printed:
+        if isinstance(node, sp.Trace):
+            value = self.matrix(node.arg)
+            return Printed(_call("jnp.trace", value.node, axis1=-2, axis2=-1), value.batched)
+        if isinstance(node, sp.Determinant):
+            value = self.matrix(node.arg)
+            return Printed(_call("jnp.linalg.det", value.node), value.batched)
+        if isinstance(node, sp.DotProduct):
+            left, right = (self._column(a) for a in node.args)
+            product = ast.BinOp(left.node, ast.Mult(), right.node)
+            return Printed(_call("jnp.sum", product, axis=ast.Tuple(
+                [ast.Constant(-2), ast.Constant(-1)], ast.Load())), left.batched or right.batched)
+        if isinstance(node, MatrixElement):
+            value = self.matrix(node.parent)
+            return Printed(_index(value.node, int(node.i), int(node.j)), value.batched)
+        raise _drift("ArrayPrinter", "a Trace, Determinant, DotProduct or MatrixElement",
+                     type(node).__name__)
+
+    def _column(self, expr: sp.MatrixExpr) -> Printed:
+        value = self.matrix(expr)
+        if _shape(expr)[0] == 1:
+            return Printed(_call("jnp.swapaxes", value.node, ast.Constant(-1), ast.Constant(-2)),
+                           value.batched)
+        return value
+
+    def _broadcast_scalar(self, expr: sp.Expr) -> Printed:
+        """A scalar factor of a matrix, shaped `(..., 1, 1)` to broadcast against it."""
+        value = self.scalar(expr)
+        if isinstance(value.node, ast.Constant):
+            return value
+        # () becomes (1, 1) and a batch-shaped value (..., 1, 1); the scalar pipeline
+        # broadcasts a constant output to the batch, so a value's shape is not its symbols'
+        return Printed(_call("jnp.expand_dims", value.node,
+                             ast.Tuple([ast.Constant(-2), ast.Constant(-1)], ast.Load())), True)
+
+    def const(self, value: np.ndarray, used_by: tuple[int, ...]) -> ast.expr:
+        """A numeric array: embedded when it is at most `embed_max_bytes`, else a const arg."""
+        value = np.asarray(value, self.dtype)
+        if value.nbytes <= self.embed_max_bytes:
+            return _call("jnp.array", ast.parse(repr(value.tolist()), mode="eval").body,
+                         dtype=target_node(f"jnp.{self.dtype.name}"))
+        name = f"_k{len(self.literals)}"
+        self.literals.append(rules.HoistedLiteral(name, value, used_by))
+        return _load(name)
+
+    # ---- matrix operations (one method per SymPy class: _MATRIX_HANDLERS) --------------
+    def _explicit(self, expr: sp.MatrixBase) -> Printed:
+        rows, cols = expr.shape
+        if all(entry.is_number for entry in expr):
+            try:
+                value = np.array(expr.tolist(), dtype=self.dtype)
+            except TypeError as error:
+                raise BuildError(f"{expr}: a numeric Matrix with entries that are not real "
+                                 "numbers") from error
+            return Printed(self.const(value, ()), False)
+        entries = self.block(list(expr), [])
+        stacked = self._assign("e", _call("jnp.stack", _call(
+            "jnp.broadcast_arrays", *entries, ), axis=-1))
+        shape = ast.BinOp(ast.Subscript(ast.Attribute(stacked, "shape", ast.Load()),
+                                        ast.Slice(None, ast.Constant(-1)), ast.Load()),
+                          ast.Add(), ast.Tuple([ast.Constant(rows), ast.Constant(cols)], ast.Load()))
+        batched = any(entry.free_symbols & self.data_symbols for entry in expr)
+        return Printed(_call("jnp.reshape", stacked, shape), batched)
+
+    def _matmul(self, expr: sp.MatMul) -> Printed:
+        scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
+        matrices = [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
+        if not matrices:
+            raise _drift("ArrayPrinter", "a MatMul of at least one matrix", str(expr))
+        product = self._product(matrices)
+        if scalars:
+            factor = self._broadcast_scalar(sp.Mul(*scalars))
+            product = Printed(ast.BinOp(factor.node, ast.Mult(), product.node),
+                              factor.batched or product.batched)
+        return product
+
+    def _product(self, matrices: Sequence[sp.MatrixExpr]) -> Printed:
+        """`A @ B @ …`, with `Inverse(A) @ B` as `jnp.linalg.solve(A, B)`."""
+        if len(matrices) == 1:
+            return self.matrix(matrices[0])
+        first, rest = matrices[0], matrices[1:]
+        if isinstance(first, sp.Inverse) or (isinstance(first, sp.MatPow) and first.exp == -1):
+            right = self._product(rest)
+            left = self.matrix(first.args[0])
+            return Printed(_call("jnp.linalg.solve", left.node, right.node),
+                           left.batched or right.batched)
+        value = self.matrix(first)
+        for operand in rest:
+            if isinstance(operand, sp.Inverse) and operand is not rest[-1]:
+                right = self._product(rest[rest.index(operand):])
+                return Printed(ast.BinOp(value.node, ast.MatMult(), right.node),
+                               value.batched or right.batched)
+            right = self.matrix(operand)
+            value = Printed(ast.BinOp(value.node, ast.MatMult(), right.node),
+                            value.batched or right.batched)
+        return value
+
+    def _matadd(self, expr: sp.MatAdd) -> Printed:
+        terms = [self.matrix(a) if isinstance(a, sp.MatrixExpr) else self._broadcast_scalar(a)
+                 for a in expr.args]
+        node = terms[0].node
+        for term in terms[1:]:
+            node = ast.BinOp(node, ast.Add(), term.node)
+        return Printed(node, any(t.batched for t in terms))
+
+    def _transpose(self, expr: sp.Transpose) -> Printed:
+        value = self.matrix(expr.arg)
+        return Printed(_call("jnp.swapaxes", value.node, ast.Constant(-1), ast.Constant(-2)),
+                       value.batched)
+
+    def _inverse(self, expr: sp.Inverse) -> Printed:
+        value = self.matrix(expr.arg)
+        return Printed(_call("jnp.linalg.inv", value.node), value.batched)
+
+    def _matpow(self, expr: sp.MatPow) -> Printed:
+        base, exp = expr.args
+        if not (isinstance(exp, sp.Integer)):
+            raise BuildError(f"{expr}: a matrix power needs an integer exponent, got {exp}")
+        value = self.matrix(base)
+        return Printed(_call("jnp.linalg.matrix_power", value.node, ast.Constant(int(exp))),
+                       value.batched)
+
+    def _solve(self, expr: MatrixSolve) -> Printed:
+        matrix, vector = (self.matrix(a) for a in expr.args)
+        return Printed(_call("jnp.linalg.solve", matrix.node, vector.node),
+                       matrix.batched or vector.batched)
+
+    def _hadamard(self, expr: sp.HadamardProduct) -> Printed:
+        factors = [self.matrix(a) for a in expr.args]
+        node = factors[0].node
+        for factor in factors[1:]:
+            node = ast.BinOp(node, ast.Mult(), factor.node)
+        return Printed(node, any(f.batched for f in factors))
+
+    def _hadamard_power(self, expr: HadamardPower) -> Printed:
+        base, exp = expr.args
+        value = self.matrix(base)
+        power = self._broadcast_scalar(exp)
+        return Printed(ast.BinOp(value.node, ast.Pow(), power.node), value.batched or power.batched)
+
+    def _kronecker(self, expr: sp.KroneckerProduct) -> Printed:
+        value = self.matrix(expr.args[0])
+        (rows, cols), batched = _shape(expr.args[0]), value.batched
+        for operand in expr.args[1:]:
+            right = self.matrix(operand)
+            r, c = _shape(operand)
+            outer = self._assign("t", _call("jnp.einsum", ast.Constant("...ij,...kl->...ikjl"),
+                                            value.node, right.node))
+            rows, cols, batched = rows * r, cols * c, batched or right.batched
+            value = Printed(_call("jnp.reshape", outer, _batch_shape(outer, 4, (rows, cols))),
+                            batched)
+        return value
+
+    def _block_matrix(self, expr: sp.BlockMatrix) -> Printed:
+        blocks = [[self.matrix(block) for block in row] for row in expr.blocks.tolist()]
+        batched = [p for row in blocks for p in row if p.batched]
+        reference = None
+        if batched and len(batched) < sum(map(len, blocks)):
+            first = batched[0]
+            if not isinstance(first.node, ast.Name):
+                first.node = self._assign("b", first.node)
+            reference = first.node
+        rows = []
+        for row, symbols in zip(blocks, expr.blocks.tolist(), strict=True):
+            parts = []
+            for printed, symbol in zip(row, symbols, strict=True):
+                node = printed.node
+                if reference is not None and not printed.batched:
+                    node = _call("jnp.broadcast_to", node, _batch_shape(reference, 2, _shape(symbol)))
+                parts.append(node)
+            rows.append(_call("jnp.concatenate", ast.List(parts, ast.Load()), axis=-1))
+        return Printed(_call("jnp.concatenate", ast.List(rows, ast.Load()), axis=-2), bool(batched))
+
+    def _identity(self, expr: sp.Identity) -> Printed:
+        n = _shape(expr)[0]
+        return Printed(_call("jnp.eye", ast.Constant(n), dtype=target_node(f"jnp.{self.dtype.name}")),
+                       False)
+
+    def _zeros(self, expr: sp.ZeroMatrix) -> Printed:
+        return Printed(_call("jnp.zeros", ast.Constant(_shape(expr)),
+                             dtype=target_node(f"jnp.{self.dtype.name}")), False)
+
+    def _ones(self, expr: sp.OneMatrix) -> Printed:
+        return Printed(_call("jnp.ones", ast.Constant(_shape(expr)),
+                             dtype=target_node(f"jnp.{self.dtype.name}")), False)
+
+    def _apply(self, expr: ElementwiseApplyFunction) -> Printed:
+        function = expr.function
+        if not isinstance(function, sp.Lambda) or len(function.variables) != 1:
+            raise _drift("ArrayPrinter", "ElementwiseApplyFunction of a one-variable Lambda",
+                         repr(function))
+        value = self.matrix(expr.expr)
+        placeholder = sp.Dummy("entry")
+        formula = function.expr.xreplace({function.variables[0]: placeholder})
+        entry = self.block([formula], [(ArgumentSpec("placeholder", (), (placeholder,)),
+                                         value.node)])[0]
+        batched = value.batched or bool(formula.free_symbols & self.data_symbols)
+        if not any(isinstance(n, ast.Name) and n.id in _names(value.node) for n in ast.walk(entry)):
+            # a constant function (f(d) = 2): still an array of the matrix's shape
+            entry = _call("jnp.full_like", value.node, entry)
+        return Printed(entry, batched)
+
+    # ---- array expressions ------------------------------------------------------------
+    def tensor(self, expr: sp.Basic) -> Printed:
+        """An array expression (or a matrix one) as a value of its rank after the batch."""
+        if expr in self.memo:
+            return self.memo[expr]
+        if isinstance(expr, sp.MatrixExpr):
+            return self.matrix(expr)
+        if isinstance(expr, ArrayAdd):
+            terms = [self.tensor(a) for a in expr.args]
+            node = terms[0].node
+            for term in terms[1:]:
+                node = ast.BinOp(node, ast.Add(), term.node)
+            printed = Printed(node, any(t.batched for t in terms))
+        elif isinstance(expr, (ArrayTensorProduct, ArrayContraction, PermuteDims, ArrayDiagonal)):
+            printed = self._einsum(expr)
+        else:
+            raise BuildError(
+                f"{type(expr).__name__} ({expr}): not an array expression symkern prints "
+                f"(it prints {', '.join(c.__name__ for c in ARRAY_OPERATIONS)} of matrix "
+                "expressions)")
+        printed = self._local(expr, printed)
+        self.memo[expr] = printed
+        return printed
+
+    def _einsum(self, expr: sp.Basic) -> Printed:
+        """A tensor product, contraction, permutation or diagonal as one `jnp.einsum`."""
+        letters = iter(_LETTERS)
+        operands, inputs, output = self._einsum_terms(expr, letters)
+        printed = [self.tensor(o) for o in operands]
+        spec = ",".join("..." + "".join(i) for i in inputs) + "->..." + "".join(output)
+        return Printed(_call("jnp.einsum", ast.Constant(spec), *(p.node for p in printed)),
+                       any(p.batched for p in printed))
+
+    def _einsum_terms(self, expr: sp.Basic, letters: Any
+                      ) -> tuple[list[sp.Basic], list[list[str]], list[str]]:
+        """Operands, their index letters and the output's, for `expr` folded into one einsum."""
+        if isinstance(expr, ArrayTensorProduct):
+            operands, inputs, output = [], [], []
+            for arg in expr.args:
+                o, i, out = self._einsum_terms(arg, letters)
+                operands += o
+                inputs += i
+                output += out
+            return operands, inputs, output
+        if isinstance(expr, ArrayContraction):
+            operands, inputs, output = self._einsum_terms(expr.expr, letters)
+            renamed: dict[str, str] = {}
+            for group in expr.contraction_indices:
+                shared = output[group[0]]
+                for axis in group[1:]:
+                    renamed[output[axis]] = shared
+            dropped = {axis for group in expr.contraction_indices for axis in group}
+            inputs = [[renamed.get(c, c) for c in i] for i in inputs]
+            return operands, inputs, [c for k, c in enumerate(output) if k not in dropped]
+        if isinstance(expr, PermuteDims):
+            operands, inputs, output = self._einsum_terms(expr.expr, letters)
+            permutation = expr.permutation.array_form
+            return operands, inputs, [output[k] for k in permutation]
+        if isinstance(expr, ArrayDiagonal):
+            operands, inputs, output = self._einsum_terms(expr.expr, letters)
+            renamed = {}
+            for group in expr.diagonal_indices:
+                for axis in group[1:]:
+                    renamed[output[axis]] = output[group[0]]
+            inputs = [[renamed.get(c, c) for c in i] for i in inputs]
+            on_diagonal = {axis for group in expr.diagonal_indices for axis in group}
+            kept = [c for k, c in enumerate(output) if k not in on_diagonal]
+            return operands, inputs, kept + [output[group[0]] for group in expr.diagonal_indices]
+        rank = len(_shape(expr))
+        try:
+            own = [next(letters) for _ in range(rank)]
+        except StopIteration as error:
+            raise BuildError(f"{expr}: an array expression of more than {len(_LETTERS)} "
+                             "axes in one product") from error
+        return [expr], [own], list(own)
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _batch_shape(value: ast.expr, trailing: int, shape: Sequence[int]) -> ast.expr:
+    """`value.shape[:-trailing] + shape`: the batch axes of `value` and a per-sample shape."""
+    batch = ast.Subscript(ast.Attribute(value, "shape", ast.Load()),
+                          ast.Slice(None, ast.Constant(-trailing)), ast.Load())
+    return ast.BinOp(batch, ast.Add(), ast.Tuple([ast.Constant(d) for d in shape], ast.Load()))
+
+
+#: each SymPy matrix class's printer method
+_MATRIX_HANDLERS: dict[type, Callable[[ArrayPrinter, Any], Printed]] = {
+    sp.MatMul: ArrayPrinter._matmul,
+    sp.MatAdd: ArrayPrinter._matadd,
+    sp.Transpose: ArrayPrinter._transpose,
+    sp.Inverse: ArrayPrinter._inverse,
+    sp.MatPow: ArrayPrinter._matpow,
+    MatrixSolve: ArrayPrinter._solve,
+    sp.HadamardProduct: ArrayPrinter._hadamard,
+    HadamardPower: ArrayPrinter._hadamard_power,
+    sp.KroneckerProduct: ArrayPrinter._kronecker,
+    sp.BlockMatrix: ArrayPrinter._block_matrix,
+    sp.Identity: ArrayPrinter._identity,
+    sp.ZeroMatrix: ArrayPrinter._zeros,
+    sp.OneMatrix: ArrayPrinter._ones,
+    ElementwiseApplyFunction: ArrayPrinter._apply,
+}
+
+
+# ---- the rule for array code --------------------------------------------------------------------
+
+
+def check_batch_polymorphic(module: ast.Module, data_ranks: dict[str, int]) -> ast.Module:
+    """Check that every read of a data argument keeps its batch dimensions leading.
+
+    Accepted: a subscript that starts with `...` (`x1[..., 0, 1]`, `x1[..., :, None]`); a
+    matrix data argument (two axes per sample) as an operand of `@` or elementwise
+    arithmetic, or as an argument of a batch-polymorphic callee (`BATCH_POLYMORPHIC`:
+    `jnp.linalg.solve`, `jnp.einsum` with `...` subscripts, `jnp.swapaxes(a, -1, -2)`, …,
+    with negative axes only); a scalar or matrix data argument in an elementwise callee
+    (`jnp.sin`), a scalar one (one value per sample) anywhere; any data argument in
+    `jnp.expand_dims` (negative axes) or `jnp.broadcast_arrays`; `x1.shape`.
+    Rejected: `x1.T`, `x1[0]`, a vector data argument read whole elsewhere, `x1 @ …` for
+    a scalar or vector, any other callee. Returns the module unchanged.
+    """
+    rule = "check_batch_polymorphic"
+    function = next((n for n in module.body if isinstance(n, ast.FunctionDef)), None)
+    if function is None:
+        raise _drift(rule, "a function definition", "none")
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(function):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and dotted_name(node.func) in BATCH_POLYMORPHIC:
+            _check_axes(node, rule)
+        if not (isinstance(node, ast.Name) and node.id in data_ranks):
+            continue
+        name, parent = node.id, parents.get(node)
+        where = ast.unparse(parent) if parent is not None else name
+        if not isinstance(node.ctx, ast.Load):
+            raise _drift(rule, f"{name} only read", f"an assignment to it in {where}")
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            index = parent.slice
+            first = index.elts[0] if isinstance(index, ast.Tuple) and index.elts else index
+            if isinstance(first, ast.Constant) and first.value is Ellipsis:
+                continue
+            raise _drift(rule, f"{name} indexed after its batch dimensions ({name}[..., i])",
+                         f"{where}, which indexes the batch")
+        if isinstance(parent, ast.Attribute) and parent.attr == "shape":
+            continue
+        rank = data_ranks[name]
+        if rank == 0:
+            # one value per sample: read whole by the scalar pipeline's code, whose own
+            # index_by_batch checked it, and broadcast by the array code
+            continue
+        if isinstance(parent, (ast.List, ast.Tuple)):
+            parent = parents.get(parent)
+        if isinstance(parent, ast.Call) and dotted_name(parent.func) in (
+                "jnp.expand_dims", "jnp.broadcast_arrays"):
+            continue  # new axes after the batch (negative axes, checked); same batch
+        if rank == 1:
+            raise _drift(rule, f"{name} (a vector per sample) read by entry or as "
+                         f"{name}[..., :, None]", where)
+        elementwise = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+        if isinstance(parent, ast.BinOp) and isinstance(
+                parent.op, elementwise + ((ast.MatMult,) if rank == 2 else ())):
+            continue
+        if isinstance(parent, ast.UnaryOp):
+            continue
+        if isinstance(parent, ast.Call) and dotted_name(parent.func) in ELEMENTWISE_TARGETS:
+            continue
+        if rank == 2 and isinstance(parent, ast.Call) and dotted_name(parent.func) in BATCH_POLYMORPHIC:
+            continue
+        raise _drift(rule, f"{name} read whole only by batch-polymorphic operations", where)
+    return module
+
+
+def _check_axes(call: ast.Call, rule: str) -> None:
+    """Axis arguments of a batch-polymorphic callee count from the end; einsum has `...`."""
+    name = dotted_name(call.func)
+    if name == "jnp.einsum":
+        spec = call.args[0]
+        if not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)
+                and all(part.startswith("...") for part in spec.value.replace("->", ",").split(","))):
+            raise _drift(rule, "jnp.einsum subscripts that each start with ...", ast.unparse(call))
+        return
+    axes = [k.value for k in call.keywords if k.arg in ("axis", "axis1", "axis2")]
+    if name in ("jnp.swapaxes", "jnp.expand_dims"):
+        axes += call.args[1:]
+    for axis in axes:
+        values = axis.elts if isinstance(axis, ast.Tuple) else [axis]
+        for value in values:
+            number = ast.literal_eval(value) if isinstance(value, (ast.Constant, ast.UnaryOp)) else 0
+            if not (isinstance(number, int) and number < 0):
+                raise _drift(rule, "axes counted from the end (negative)", ast.unparse(call))
+
+
+# ---- the whole kernel ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayLeaf:
+    """An equation leaf of an array kernel: the SymPy object and the shape a caller sees."""
+
+    expr: sp.Basic
+    shape: tuple[int, ...]
+    kind: str  # "matrix", "tensor" or "scalar"
+
+
+def array_leaf(leaf: sp.Basic, shape: tuple[int, ...]) -> ArrayLeaf:
+    if isinstance(leaf, _CodegenArrayAbstract):
+        return ArrayLeaf(leaf, shape, "tensor")
+    if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
+        return ArrayLeaf(leaf, shape, "matrix")
+    return ArrayLeaf(leaf, shape, "scalar")
+
+
+def _count(leaves: Sequence[ArrayLeaf]) -> Counter:
+    """How often each matrix or array subexpression occurs across the leaves."""
+    counts: Counter = Counter()
+
+    def visit(node: sp.Basic) -> None:
+        # every occurrence, below repeated ones too: `Inverse(S)` printed as a solve
+        # prints S at each occurrence (matrix expressions are small trees)
+        counts[node] += 1
+        for arg in node.args:
+            if isinstance(arg, (sp.MatrixExpr, _CodegenArrayAbstract, sp.Expr)) \
+                    and not isinstance(arg, (sp.Symbol, sp.Number, sp.MatrixSymbol)):
+                visit(arg)
+
+    for leaf in leaves:
+        visit(leaf.expr)
+    return counts
+
+
+def generate_arrays(
+    leaves: Sequence[ArrayLeaf],
+    data: Sequence[ArgumentSpec],
+    parameters: Sequence[ArgumentSpec],
+    *,
+    cse: bool = True,
+    embed_max_bytes: int = 32,
+    dtype: np.dtype = FLOAT32,
+) -> StructuredCode:
+    """Print `leaves` as one kernel `kernel(<const args>, x1, …, ps)` returning pieces."""
+    start = time.perf_counter()
+    printer = ArrayPrinter(data, parameters, cse=cse, embed_max_bytes=embed_max_bytes,
+                           dtype=dtype, occurrences=_count(leaves))
+    pieces: list[ast.expr | int] = []
+    scalar_entries: list[sp.Expr] = []
+    for leaf in leaves:
+        if leaf.kind == "scalar" and not needs_array_program(leaf.expr):
+            entries = list(leaf.expr) if isinstance(leaf.expr, (sp.MatrixBase, sp.NDimArray)) \
+                else [leaf.expr]
+            pieces += list(range(len(scalar_entries), len(scalar_entries) + len(entries)))
+            scalar_entries += entries
+        elif leaf.kind == "scalar":
+            pieces.append(printer.scalar(leaf.expr).node)
+        else:
+            value = printer.tensor(leaf.expr).node
+            if leaf.kind == "matrix" and len(leaf.shape) == 1:
+                value = _index(value, 0)  # an m×1 matrix is a caller's (m,) column
+            pieces.append(value)
+    scalar_values = printer.block(scalar_entries, []) if scalar_entries else []
+    returned = [scalar_values[p] if isinstance(p, int) else p for p in pieces]
+    layout, position = [], 0
+    for leaf in leaves:
+        if leaf.kind == "scalar" and not needs_array_program(leaf.expr) and leaf.shape:
+            count = int(np.prod(leaf.shape, dtype=int))
+            layout.append(PieceLeaf(position, count, leaf.shape, True))
+        else:
+            count = 1
+            layout.append(PieceLeaf(position, 1, leaf.shape, False))
+        position += count
+
+    arguments = [ast.arg(literal.name) for literal in printer.literals]
+    arguments += [ast.arg(f"x{k + 1}") for k in range(len(data))]
+    if parameters:
+        arguments.append(ast.arg("ps"))
+    function = ast.FunctionDef(
+        name=rules.KERNEL_NAME,
+        args=ast.arguments(posonlyargs=[], args=arguments, kwonlyargs=[], kw_defaults=[],
+                           defaults=[]),
+        body=printer.body + [ast.Return(ast.Tuple(returned, ast.Load()))],
+        decorator_list=[], returns=None, type_params=[],
+    )
+    module = ast.fix_missing_locations(ast.Module([function], type_ignores=[]))
+    emitted_at = time.perf_counter()
+    data_ranks = {f"x{k + 1}": len(spec.shape) for k, spec in enumerate(data)}
+    module = check_batch_polymorphic(module, data_ranks)
+    source = print_source(module)
+    generated = GeneratedCode(EmittedCode("\n".join(printer.upstream), ()), module, source,
+                              {"emit": emitted_at - start,
+                               "rewrite": time.perf_counter() - emitted_at},
+                              tuple(printer.literals), form="structured")
+    return StructuredCode(generated, StructuredLayout(tuple(layout)), data_ranks)
