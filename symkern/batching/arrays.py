@@ -24,6 +24,7 @@ from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, origin_of, warn_if_large
 from symkern.kernels.stage import compile_kernel
 from symkern.symbolic.arguments import (
+    ArgumentSpec,
     EquationSet,
     check_unique_symbols,
     data_argument,
@@ -38,6 +39,46 @@ def _leaf_shape(leaf: ArrayLeaf) -> tuple[int, ...]:
     if leaf.kind == "matrix" and rows_cols[1] == 1:
         return rows_cols[:1]  # an m×1 matrix leaf is (m,), as for an explicit Matrix
     return rows_cols
+
+
+def _matrix_symbol_spec(symbol: sp.MatrixSymbol, label: str, path: tuple, *,
+                        vector_rows: bool) -> ArgumentSpec:
+    """A MatrixSymbol argument without its entries: the array code reads it whole, and
+    writing out the entries of a 1,024×1,024 one took 39 s (SymPy builds each `W[i, j]`)."""
+    if not all(isinstance(d, (int, sp.Integer)) for d in symbol.shape):
+        raise BuildError(f"{label}: expected a MatrixSymbol of integer shape, got {symbol} of "
+                         f"shape {symbol.shape}")
+    rows, cols = (int(d) for d in symbol.shape)
+    if cols == 1:
+        shape: tuple[int, ...] = (rows,)
+    elif rows == 1 and vector_rows:
+        shape = (cols,)
+    else:
+        shape = (rows, cols)
+    return ArgumentSpec(label, shape, (), (symbol,), path, (rows, cols))
+
+
+def _parameter_specs(params: Any) -> tuple[list[ArgumentSpec], Any]:
+    """`parameter_arguments(params)`, with MatrixSymbol leaves described without entries."""
+    if params is None:
+        return parameter_arguments(None)
+    flat, treedef = jax.tree_util.tree_flatten(params, is_leaf=is_symbolic_leaf)
+    stand_ins = [sp.Symbol(f"_parameter{k}") if isinstance(leaf, sp.MatrixSymbol) else leaf
+                 for k, leaf in enumerate(flat)]
+    specs, treedef = parameter_arguments(jax.tree_util.tree_unflatten(treedef, stand_ins))
+    return [_matrix_symbol_spec(leaf, spec.label, spec.path, vector_rows=False)
+            if isinstance(leaf, sp.MatrixSymbol) else spec
+            for leaf, spec in zip(flat, specs, strict=True)], treedef
+
+
+def _check_unique_matrix_symbols(specs: list[ArgumentSpec]) -> None:
+    seen: dict[sp.MatrixSymbol, str] = {}
+    for spec in specs:
+        for symbol in spec.matrix_symbols:
+            if symbol in seen:
+                raise BuildError(f"MatrixSymbol {symbol} is declared twice: as {seen[symbol]} "
+                                 f"and as {spec.label}")
+            seen[symbol] = spec.label
 
 
 def array_equation_set(eqs: Any) -> tuple[EquationSet, tuple[ArrayLeaf, ...]]:
@@ -85,9 +126,12 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
     resolved_dtype = resolve_dtype(options.dtype)
     chosen = options.resolved(resolved_dtype)
     start = time.perf_counter()
-    data = [data_argument(arg, k + 1) for k, arg in enumerate(data_args)]
-    parameters, treedef = parameter_arguments(params)
+    data = [_matrix_symbol_spec(arg, f"x{k + 1}", (), vector_rows=True)
+            if isinstance(arg, sp.MatrixSymbol) else data_argument(arg, k + 1)
+            for k, arg in enumerate(data_args)]
+    parameters, treedef = _parameter_specs(params)
     check_unique_symbols(data + parameters)
+    _check_unique_matrix_symbols(data + parameters)
     equations, leaves = array_equation_set(eqs)
     code = generate_arrays(leaves, data, parameters, cse=chosen.cse,
                            embed_max_bytes=chosen.embed_max_bytes, dtype=resolved_dtype)
