@@ -105,6 +105,13 @@ class _KernelPrinter(JaxPrinter):
         return (f"{type(expr).__name__}("
                 f"{', '.join(self._print(argument) for argument in expr.args)})")
 
+    def _print_Mul(self, expr: sp.Mul) -> str:
+        # the printer splits off a product's sign and coefficient and multiplies them back
+        # (`_keep_coeff`); evaluated, that product runs SymPy's assumptions on every factor:
+        # 1.4 of the 1.7 s of printing a 1,000-operation nest of functions
+        with sp.core.parameters.evaluate(False):
+            return super()._print_Mul(expr)
+
     _print_fresnels = _print_fresnelc = _print_unknown_function
     _print_lowergamma = _print_uppergamma = _print_binomial = _print_unknown_function
 
@@ -490,9 +497,17 @@ def emit(
 
 def _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
            user_functions, printed_functions) -> EmittedCode:
-    """Substitute the generated argument names, then print with SymPy's JAX printer."""
-    assignments = [(name, value.xreplace(substitutions)) for name, value in assignments]
-    reduced = [entry.xreplace(substitutions) for entry in reduced]
+    """Substitute the generated argument names, then print with SymPy's JAX printer.
+
+    The substitution rebuilds each expression without evaluating it: the terms keep their
+    order and nothing is simplified again. Evaluated, it is SymPy's assumptions system that
+    runs (each rebuilt `tanh`, `Mod` or `Pow` asks whether its argument is real, finite,
+    negative, …): 8.0 of the 8.2 s of emitting a 1,000-operation nest of functions
+    (benchmarks/shapes.py, deep-nest), for the same expression renamed.
+    """
+    with sp.core.parameters.evaluate(False):
+        assignments = [(name, value.xreplace(substitutions)) for name, value in assignments]
+        reduced = [entry.xreplace(substitutions) for entry in reduced]
     leaves, start = [], 0
     for leaf in equations.leaves:
         count = len(_entries(leaf))
