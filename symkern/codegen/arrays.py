@@ -415,24 +415,36 @@ class ArrayPrinter:
         return product
 
     def _product(self, matrices: Sequence[sp.MatrixExpr]) -> Printed:
-        """`A @ B @ …`, with `Inverse(A) @ B` as `jnp.linalg.solve(A, B)`."""
+        """`A @ B @ …` from the left. An inverse used once, `Inverse(A) @ B`, is
+        `jnp.linalg.solve(A, B)`; one used more than once is computed once (a solve
+        factorizes its matrix at each use: the Kalman update's two solves against S ran
+        0.9× a hand-written single `inv`, benchmarks/matrix.py). A prefix shared by two
+        products (`P Hᵀ S⁻¹` in `K (z − H x)` and `K H`) is computed once, into a local."""
         if len(matrices) == 1:
             return self.matrix(matrices[0])
         first, rest = matrices[0], matrices[1:]
-        if isinstance(first, sp.Inverse) or (isinstance(first, sp.MatPow) and first.exp == -1):
+        if _is_inverse(first) and self.occurrences[first] < 2:
             right = self._product(rest)
             left = self.matrix(first.args[0])
             return Printed(_call("jnp.linalg.solve", left.node, right.node),
                            left.batched or right.batched)
-        value = self.matrix(first)
-        for operand in rest:
-            if isinstance(operand, sp.Inverse) and operand is not rest[-1]:
-                right = self._product(rest[rest.index(operand):])
+        length = next((k for k in range(len(matrices) - 1, 1, -1)
+                       if (_PREFIX, tuple(matrices[:k])) in self.memo), 1)
+        value = (self.memo[(_PREFIX, tuple(matrices[:length]))] if length > 1
+                 else self.matrix(first))
+        for k in range(length, len(matrices)):
+            operand = matrices[k]
+            if _is_inverse(operand) and k < len(matrices) - 1 and self.occurrences[operand] < 2:
+                right = self._product(matrices[k:])
                 return Printed(ast.BinOp(value.node, ast.MatMult(), right.node),
                                value.batched or right.batched)
             right = self.matrix(operand)
             value = Printed(ast.BinOp(value.node, ast.MatMult(), right.node),
                             value.batched or right.batched)
+            key = (_PREFIX, tuple(matrices[:k + 1]))
+            if k < len(matrices) - 1 and self.occurrences[key] > 1:
+                value = Printed(self._assign("p", value.node), value.batched)
+                self.memo[key] = value
         return value
 
     def _matadd(self, expr: sp.MatAdd) -> Printed:
@@ -617,6 +629,14 @@ class ArrayPrinter:
         return [expr], [own], list(own)
 
 
+#: the key of a product's leading factors in `ArrayPrinter.memo` and the occurrence counts
+_PREFIX = "prefix"
+
+
+def _is_inverse(expr: sp.Basic) -> bool:
+    return isinstance(expr, sp.Inverse) or (isinstance(expr, sp.MatPow) and expr.exp == -1)
+
+
 def _swap(node: ast.expr) -> ast.expr:
     """`jnp.swapaxes(node, -1, -2)`: a transpose that keeps the batch axes leading."""
     return _call("jnp.swapaxes", node, ast.Constant(-1), ast.Constant(-2))
@@ -779,6 +799,10 @@ def _count(leaves: Sequence[ArrayLeaf]) -> Counter:
         # every occurrence, below repeated ones too: `Inverse(S)` printed as a solve
         # prints S at each occurrence (matrix expressions are small trees)
         counts[node] += 1
+        if isinstance(node, sp.MatMul):
+            matrices = tuple(a for a in node.args if isinstance(a, sp.MatrixExpr))
+            for k in range(2, len(matrices)):
+                counts[(_PREFIX, matrices[:k])] += 1
         for arg in node.args:
             if isinstance(arg, (sp.MatrixExpr, _CodegenArrayAbstract, sp.Expr)) \
                     and not isinstance(arg, (sp.Symbol, sp.Number, sp.MatrixSymbol)):
