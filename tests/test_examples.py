@@ -41,3 +41,9 @@ def test_a_burgers_pinn_residual_and_gradient_match_forward_mode_jax():
 
 def test_a_kernel_inside_an_equinox_module_matches_jnp():
     assert load("equinox_module").main() < 1e-5
+
+
+def test_a_batched_kalman_filter_of_matrix_symbols_matches_numpy():
+    report = load("kalman_filter").main(filters=20, steps=10)
+    assert report["max_difference"] < 1e-10
+    assert report["final_position_error"] < report["measurement_noise"]

@@ -598,6 +598,57 @@ def _dense_layer_sums(_: bool) -> Observation:
                    f"{', '.join(read) or 'not one matrix'}; {lifted}")
 
 
+def _matrix_expression_forms(_: bool) -> Observation:
+    from sympy.codegen.matrix_nodes import MatrixSolve
+    from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
+
+    W, A = sp.MatrixSymbol("W", 3, 3), sp.MatrixSymbol("A", 3, 3)
+    x, a = sp.MatrixSymbol("x", 3, 1), sp.Symbol("a")
+    product = a * W * x
+    numeric = sp.Matrix([[1, 2], [3, 4]]) * sp.MatrixSymbol("y", 2, 1)
+    applied = W.applyfunc(sp.sin)
+    solve = MatrixSolve(A, x)
+    found = [
+        f"a*W*x: {type(product).__name__}{tuple(str(arg) for arg in product.args)}",
+        f"W.inv(): {type(W.inv()).__name__}, W**-1: {type(W**-1).__name__}",
+        f"Matrix*y: {type(numeric).__name__} of "
+        f"{', '.join(type(arg).__name__ for arg in numeric.args)}",
+        f"applyfunc: {type(applied).__name__} of a {type(applied.function).__name__} in "
+        f"{len(getattr(applied.function, 'variables', ()))} variable",
+        f"MatrixSolve(A, x).args: {tuple(str(arg) for arg in solve.args)}, shape {solve.shape}",
+        f"d(x.T*W*x)/dx: {type((x.T * W * x).diff(x)).__name__}",
+    ]
+    return observe("a*W*x: MatMul('a', 'W', 'x'); W.inv(): Inverse, W**-1: Inverse; "
+                   "Matrix*y: MatMul of ImmutableDenseMatrix, MatrixSymbol; applyfunc: "
+                   f"{ElementwiseApplyFunction.__name__} of a Lambda in 1 variable; "
+                   "MatrixSolve(A, x).args: ('A', 'x'), shape (3, 1); d(x.T*W*x)/dx: MatAdd",
+                   "; ".join(found))
+
+
+def _array_expression_axes(_: bool) -> Observation:
+    from sympy.tensor.array.expressions import (
+        ArrayContraction,
+        ArrayDiagonal,
+        ArrayTensorProduct,
+        PermuteDims,
+    )
+
+    W, v = sp.MatrixSymbol("W", 2, 3), sp.MatrixSymbol("v", 4, 1)
+    U = sp.MatrixSymbol("U", 3, 3)
+    permuted = PermuteDims(ArrayTensorProduct(W, v), [2, 0, 1, 3])
+    diagonal = ArrayDiagonal(ArrayTensorProduct(W, U), (1, 2))
+    contracted = ArrayContraction(ArrayTensorProduct(W, U), (1, 2))
+    return observe(
+        "PermuteDims [2, 0, 1, 3] of (2, 3, 4, 1): (4, 2, 3, 1), array_form [2, 0, 1, 3]; "
+        "ArrayDiagonal (1, 2) of (2, 3, 3, 3): (2, 3, 3), groups ((1, 2),); "
+        "ArrayContraction (1, 2): (2, 3), groups ((1, 2),), of ArrayTensorProduct",
+        f"PermuteDims [2, 0, 1, 3] of (2, 3, 4, 1): {permuted.shape}, array_form "
+        f"{permuted.permutation.array_form}; ArrayDiagonal (1, 2) of (2, 3, 3, 3): "
+        f"{diagonal.shape}, groups {diagonal.diagonal_indices}; ArrayContraction (1, 2): "
+        f"{contracted.shape}, groups {contracted.contraction_indices}, of "
+        f"{type(contracted.expr).__name__}")
+
+
 def _astor_round_trip(_: bool) -> Observation:
     # trees built by the rules themselves, so the check covers what they really produce
     trees = [
@@ -669,6 +720,15 @@ CHECKS: list[DriftCheck] = [
     DriftCheck("dense_layer_sums", "a scalarized tanh layer prints as sums of `W[i, j] * h` "
                "over the same locals, which codegen.contract turns into one tensordot per "
                "layer reading the weight matrix", _dense_layer_sums, depends_on_cse=False),
+    DriftCheck("matrix_expression_forms", "SymPy's matrix expressions keep the structure "
+               "codegen.arrays prints: MatMul's scalar factors first, an inverse as Inverse, a "
+               "numeric Matrix as a MatMul argument, applyfunc as a one-variable Lambda, "
+               "MatrixSolve(matrix, vector), a quadratic form's derivative as a MatAdd",
+               _matrix_expression_forms, depends_on_cse=False),
+    DriftCheck("array_expression_axes", "SymPy's array expressions order axes as codegen.arrays' "
+               "einsum does: PermuteDims takes axis p[k] to k, ArrayDiagonal appends each "
+               "diagonal after the other axes, ArrayContraction drops its groups",
+               _array_expression_axes, depends_on_cse=False),
     DriftCheck("astor_round_trip", "astor.to_source(module, pretty_source=''.join) prints the "
                "trees the rules build, and they parse back to the same tree", _astor_round_trip,
                depends_on_cse=False),
