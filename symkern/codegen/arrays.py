@@ -37,7 +37,6 @@ from sympy.tensor.array.expressions import (
     ArrayTensorProduct,
     PermuteDims,
 )
-from sympy.tensor.array.expressions.array_expressions import _CodegenArrayAbstract
 
 from symkern.codegen import rules
 from symkern.codegen.callee import ELEMENTWISE_TARGETS, dotted_name, target_node
@@ -68,8 +67,10 @@ ARRAY_OPERATIONS = (ArrayTensorProduct, ArrayContraction, PermuteDims, ArrayDiag
 BATCH_POLYMORPHIC = frozenset({
     "jnp.linalg.solve", "jnp.linalg.inv", "jnp.linalg.det", "jnp.linalg.matrix_power",
     "jnp.swapaxes", "jnp.trace", "jnp.einsum", "jnp.expand_dims", "jnp.sum", "jnp.concatenate",
-    "jnp.broadcast_to", "jnp.reshape",
 })
+#: the axis keywords a callee must be given (without them it reduces or joins the batch)
+REQUIRED_AXES = {"jnp.sum": ("axis",), "jnp.concatenate": ("axis",),
+                 "jnp.trace": ("axis1", "axis2")}
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -83,7 +84,7 @@ def needs_array_program(leaf: Any) -> bool:
     >>> needs_array_program(W * x), needs_array_program(sp.Matrix([1, 2])), needs_array_program(W)
     (True, False, False)
     """
-    if isinstance(leaf, _CodegenArrayAbstract):
+    if isinstance(leaf, ARRAY_OPERATIONS):
         return True
     if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
         return not isinstance(leaf, sp.MatrixSymbol)
@@ -158,11 +159,13 @@ class ArrayPrinter:
         self.upstream: list[str] = []
         self.memo: dict[sp.Basic, Printed] = {}
         self.blocks = 0
+        #: the flat entry position of the leaf being printed (`HoistedLiteral.used_by`)
+        self.used_by: tuple[int, ...] = ()
         self.data_names = {f"x{k + 1}" for k in range(len(data))}
         #: the whole-matrix reading of each MatrixSymbol and Matrix argument
         self.arguments: dict[sp.Basic, Printed] = {}
-        #: each argument's array and its shape per sample, by MatrixSymbol
-        self.symbol_arrays: dict[sp.MatrixSymbol, tuple[ast.expr, tuple[int, ...]]] = {}
+        #: each argument's array and its shape per sample, by MatrixSymbol or Matrix of symbols
+        self.symbol_arrays: dict[sp.Basic, tuple[ast.expr, tuple[int, ...]]] = {}
         #: the read of each scalar entry of a data argument (`x2`, `x1[..., 0]`)
         self.entry_reads: dict[sp.Basic, ast.expr] = {}
         for k, spec in enumerate(self.data):
@@ -180,6 +183,8 @@ class ArrayPrinter:
     def _declare(self, spec: ArgumentSpec, value: ast.expr, batched: bool) -> None:
         """The whole-matrix reading of an argument, for each MatrixSymbol or Matrix it is."""
         rows_cols = spec.declared_shape
+        if rows_cols is None and len(spec.shape) == 1 and spec.entries:
+            rows_cols = (spec.shape[0], 1)  # a list of symbols: a column, as a Matrix of them
         if rows_cols is None:
             return
         if spec.shape == rows_cols:
@@ -192,7 +197,9 @@ class ArrayPrinter:
             self.arguments[symbol] = Printed(whole, batched)
             self.symbol_arrays[symbol] = (value, spec.shape)
         if spec.entries:  # a Matrix of symbols: the matrix itself reads the argument whole
-            self.arguments[sp.ImmutableMatrix(*rows_cols, list(spec.entries))] = Printed(whole, batched)
+            matrix = sp.ImmutableMatrix(*rows_cols, list(spec.entries))
+            self.arguments[matrix] = Printed(whole, batched)
+            self.symbol_arrays[matrix] = (value, spec.shape)
 
     def batched(self, node: ast.expr) -> bool:
         """Whether printed code reads a data argument."""
@@ -285,9 +292,59 @@ class ArrayPrinter:
 
     def column(self, expr: sp.MatrixExpr) -> ast.expr:
         """A column `expr` as the `(..., n)` array a caller sees."""
+        vector = self.vector(expr)
+        if vector is not None:
+            return vector.node
         if _is_column_product(expr):
             return _index(self.row(expr).node, 0, ":")
         return _index(self.tensor(expr).node, 0)
+
+    def vector(self, expr: sp.MatrixExpr) -> Printed | None:
+        """A column `expr` as a batch of vectors `(..., n)`, where every matrix it is
+        multiplied by is the same for all samples: `x1 @ jnp.swapaxes(ps['W'], -1, -2) +
+        ps['b']`, the hand-written `x @ W.T + b` (the row form with its axis of one ran
+        0.86-0.93× that at n = 64, batch 10,000: benchmarks/matrix.py). None where a
+        factor differs by sample (`(..., n) @ (..., n, m)` would not keep the batch)."""
+        key = ("vector", expr)
+        if key in self.memo:
+            return self.memo[key]
+        printed: Printed | None = None
+        if expr in self.symbol_arrays and len(self.symbol_arrays[expr][1]) == 1:
+            value = self.symbol_arrays[expr][0]
+            printed = Printed(value, self.batched(value))
+        elif isinstance(expr, sp.MatAdd):
+            terms = []
+            for term in expr.args:
+                if isinstance(term, sp.MatrixExpr):
+                    terms.append(self.vector(term))
+                else:
+                    value = self.scalar(term)
+                    terms.append(Printed(_call("jnp.expand_dims", value.node, ast.Constant(-1))
+                                         if value.batched else value.node, value.batched))
+            if all(t is not None for t in terms):
+                node = terms[0].node
+                for t in terms[1:]:
+                    node = ast.BinOp(node, ast.Add(), t.node)
+                printed = Printed(node, any(t.batched for t in terms))
+        elif isinstance(expr, sp.MatMul) and _is_column_product(expr):
+            scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
+            matrices = [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
+            value = self.vector(matrices[-1])
+            factors = [self._transposed(m) for m in reversed(matrices[:-1])]
+            if value is not None and not any(f.batched for f in factors):
+                node = value.node
+                for factor in factors:
+                    node = ast.BinOp(node, ast.MatMult(), factor.node)
+                batched = value.batched
+                if scalars:
+                    factor = self.scalar(sp.Mul(*scalars))
+                    scale = (_call("jnp.expand_dims", factor.node, ast.Constant(-1))
+                             if factor.batched else factor.node)
+                    node, batched = ast.BinOp(scale, ast.Mult(), node), batched or factor.batched
+                printed = Printed(node, batched)
+        if printed is not None:
+            self.memo[key] = printed
+        return printed
 
     def scalar(self, expr: sp.Expr) -> Printed:
         """A scalar expression, batch-shaped, printed by the ordinary pipeline."""
@@ -373,14 +430,14 @@ class ArrayPrinter:
         return Printed(_call("jnp.expand_dims", value.node,
                              ast.Tuple([ast.Constant(-2), ast.Constant(-1)], ast.Load())), True)
 
-    def const(self, value: np.ndarray, used_by: tuple[int, ...]) -> ast.expr:
+    def const(self, value: np.ndarray) -> ast.expr:
         """A numeric array: embedded when it is at most `embed_max_bytes`, else a const arg."""
         value = np.asarray(value, self.dtype)
         if value.nbytes <= self.embed_max_bytes:
             return _call("jnp.array", ast.parse(repr(value.tolist()), mode="eval").body,
                          dtype=target_node(f"jnp.{self.dtype.name}"))
         name = f"_k{len(self.literals)}"
-        self.literals.append(rules.HoistedLiteral(name, value, used_by))
+        self.literals.append(rules.HoistedLiteral(name, value, self.used_by))
         return _load(name)
 
     # ---- matrix operations (one method per SymPy class: _MATRIX_HANDLERS) --------------
@@ -392,7 +449,7 @@ class ArrayPrinter:
             except TypeError as error:
                 raise BuildError(f"{expr}: a numeric Matrix with entries that are not real "
                                  "numbers") from error
-            return Printed(self.const(value, ()), False)
+            return Printed(self.const(value), False)
         entries = self.block(list(expr))
         stacked = self._assign("e", _call("jnp.stack", _call(
             "jnp.broadcast_arrays", *entries, ), axis=-1))
@@ -735,8 +792,16 @@ def check_batch_polymorphic(module: ast.Module, data_ranks: dict[str, int]) -> a
                 "jnp.expand_dims", "jnp.broadcast_arrays"):
             continue  # new axes after the batch (negative axes, checked); same batch
         if rank == 1:
-            raise _drift(rule, f"{name} (a vector per sample) read by entry or as "
-                         f"{name}[..., :, None]", where)
+            if (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult)
+                    and parent.left is node and not _names(parent.right) & set(data_ranks)):
+                continue  # a batch of vectors times one matrix for all samples
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Add, ast.Sub, ast.Mult)):
+                other = parent.right if parent.left is node else parent.left
+                if not (isinstance(other, ast.Name) and data_ranks.get(other.id) == 0):
+                    continue  # with a vector, a number, or a scalar given its axis of one
+            raise _drift(rule, f"{name} (a vector per sample) read by entry, as "
+                         f"{name}[..., :, None], or as the left operand of @ with a matrix "
+                         "read from no data argument", where)
         elementwise = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
         if isinstance(parent, ast.BinOp) and isinstance(
                 parent.op, elementwise + ((ast.MatMult,) if rank == 2 else ())):
@@ -760,6 +825,11 @@ def _check_axes(call: ast.Call, rule: str) -> None:
                 and all(part.startswith("...") for part in spec.value.replace("->", ",").split(","))):
             raise _drift(rule, "jnp.einsum subscripts that each start with ...", ast.unparse(call))
         return
+    given = {k.arg for k in call.keywords}
+    missing = [axis for axis in REQUIRED_AXES.get(name, ()) if axis not in given]
+    if missing:
+        raise _drift(rule, f"{name} with {', '.join(missing)} counted from the end",
+                     ast.unparse(call))
     axes = [k.value for k in call.keywords if k.arg in ("axis", "axis1", "axis2")]
     if name in ("jnp.swapaxes", "jnp.expand_dims"):
         axes += call.args[1:]
@@ -784,7 +854,7 @@ class ArrayLeaf:
 
 
 def array_leaf(leaf: sp.Basic, shape: tuple[int, ...]) -> ArrayLeaf:
-    if isinstance(leaf, _CodegenArrayAbstract):
+    if isinstance(leaf, ARRAY_OPERATIONS):
         return ArrayLeaf(leaf, shape, "tensor")
     if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
         return ArrayLeaf(leaf, shape, "matrix")
@@ -804,7 +874,7 @@ def _count(leaves: Sequence[ArrayLeaf]) -> Counter:
             for k in range(2, len(matrices)):
                 counts[(_PREFIX, matrices[:k])] += 1
         for arg in node.args:
-            if isinstance(arg, (sp.MatrixExpr, _CodegenArrayAbstract, sp.Expr)) \
+            if isinstance(arg, (sp.MatrixExpr, *ARRAY_OPERATIONS, sp.Expr)) \
                     and not isinstance(arg, (sp.Symbol, sp.Number, sp.MatrixSymbol)):
                 visit(arg)
 
@@ -828,10 +898,17 @@ def generate_arrays(
                            dtype=dtype, occurrences=_count(leaves))
     pieces: list[ast.expr | int] = []
     scalar_entries: list[sp.Expr] = []
+    offset = 0
     for leaf in leaves:
+        printer.used_by = (offset,)  # a const arg's origin: the leaf that first reads it
+        offset += int(np.prod(leaf.shape, dtype=int))
         if leaf.kind == "scalar" and not needs_array_program(leaf.expr):
-            entries = list(leaf.expr) if isinstance(leaf.expr, (sp.MatrixBase, sp.NDimArray)) \
-                else [leaf.expr]
+            if isinstance(leaf.expr, sp.NDimArray):
+                entries = sp.flatten(leaf.expr.tolist())
+            elif isinstance(leaf.expr, sp.MatrixBase):
+                entries = list(leaf.expr)
+            else:
+                entries = [leaf.expr]
             pieces += list(range(len(scalar_entries), len(scalar_entries) + len(entries)))
             scalar_entries += entries
         elif leaf.kind == "scalar":

@@ -126,10 +126,21 @@ CASES: dict[str, Case] = {
                          + jnp.einsum("ij,...ki->...jki", ps["W"], M)),
     "derivative": Case((x.T * W * x).diff(x), (x,), ((N,),), {"W": W},
                        lambda X, ps: X @ ps["W"].T + X @ ps["W"]),
-    "mixed_leaves": Case({"y": W * x, "s": a**2, "v": sp.Matrix([a, 2 * a])}, (x, a),
+    "list_argument": Case(W * sp.Matrix(sp.symbols("q0:3")) + sp.Matrix([c, 2 * c, 1]),
+                          (list(sp.symbols("q0:3")), c), ((N,), ()), {"W": W},
+                          lambda X, s, ps: X @ ps["W"].T + jnp.stack(
+                              [s, 2 * s, jnp.ones_like(s)], -1)),
+    # SymPy's array calculus: PermuteDims(ArrayTensorProduct(I, x), (1 2)), δ_ac x_b
+    "matrix_derivative": Case((W * x).diff(W), (x,), ((N,),), {},
+                              lambda X, ps: jnp.einsum("ac,...b->...abc", jnp.eye(N), X)[..., None]),
+    "mixed_leaves": Case({"y": W * x, "s": a**2, "v": sp.Matrix([a, 2 * a]),
+                          "t": sp.Array([[a, a**2], [1, a]])}, (x, a),
                          ((N,), ()), {"W": W},
                          lambda X, s, ps: {"y": X @ ps["W"].T, "s": s**2,
-                                           "v": jnp.stack([s, 2 * s], -1)}),
+                                           "v": jnp.stack([s, 2 * s], -1),
+                                           "t": jnp.stack([jnp.stack([s, s**2], -1),
+                                                           jnp.stack([jnp.ones_like(s), s], -1)],
+                                                          -2)}),
 }
 
 
@@ -271,13 +282,14 @@ def test_matrix_product_is_one_product_in_the_source():
     kernel = sk.build_function(Wn * xn + bn, xn, params={"W": Wn, "b": bn}, dtype="float64")
     assert kernel.source.count("@") == 1
     assert len(kernel.source.splitlines()) == 2
-    assert "x1[..., None, :] @" in kernel.source and "x1[..., 0" not in kernel.source
+    # x @ W.T + b on the batch of vectors, no entry read, no axis of one added
+    assert "return x1 @ jnp.swapaxes(ps['W'], -1, -2) + ps['b']," in kernel.source
 
 
 def test_a_transpose_swaps_the_last_two_axes():
     source = sk.build_function(A.T * W, A, params={"W": W}).source
     assert "jnp.swapaxes(x1, -1, -2) @ ps['W']" in source and ".T" not in source
-    # a column product is printed on rows: xᵀ Wᵀ A, no transpose of the data
+    # a column product with a factor read from the data is printed on rows: xᵀ Wᵀ A
     assert "x2[..., None, :] @ jnp.swapaxes(ps['W'], -1, -2) @ x1" in kernel_of("transpose").source
 
 
@@ -336,7 +348,8 @@ def test_the_rule_rejects_a_whole_vector_and_a_batch_index():
     import ast
 
     for source in ("def kernel(x1):\n    return x1 @ x1,", "def kernel(x1):\n    return x1[0],",
-                   "def kernel(x1):\n    return jnp.sum(x1, axis=0),"):
+                   "def kernel(x1):\n    return jnp.sum(x1, axis=0),",
+                   "def kernel(x1):\n    return jnp.sum(x1),", "def kernel(x1):\n    return x1.T,"):
         module = ast.parse(source)
         with pytest.raises(CodegenDriftError, match="check_batch_polymorphic"):
             check_batch_polymorphic(module, {"x1": 1 if "@" in source else 2})
