@@ -130,6 +130,9 @@ CASES: dict[str, Case] = {
                           (list(sp.symbols("q0:3")), c), ((N,), ()), {"W": W},
                           lambda X, s, ps: X @ ps["W"].T + jnp.stack(
                               [s, 2 * s, jnp.ones_like(s)], -1)),
+    "as_explicit_part": Case(W * x.as_explicit() + (a * b).as_explicit(), (x, a), ((N,), ()),
+                             {"W": W, "b": b},
+                             lambda X, s, ps: X @ ps["W"].T + s[..., None] * ps["b"]),
     # SymPy's array calculus: PermuteDims(ArrayTensorProduct(I, x), (1 2)), δ_ac x_b
     "matrix_derivative": Case((W * x).diff(W), (x,), ((N,),), {},
                               lambda X, ps: jnp.einsum("ac,...b->...abc", jnp.eye(N), X)[..., None]),
@@ -380,3 +383,32 @@ def test_random_shapes_of_a_product_plus_a_transpose_match_numpy(rows, inner, co
 def sk_shape(symbol: sp.MatrixSymbol) -> tuple[int, ...]:
     rows, cols = (int(d) for d in symbol.shape)
     return (rows,) if cols == 1 else (rows, cols)
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 4), batch=st.sampled_from([(), (3,), (2, 2)]), seed=st.integers(0, 2**16))
+def test_random_sizes_of_solve_inverse_and_determinant_match_numpy(n, batch, seed):
+    M, v = sp.MatrixSymbol("M", n, n), sp.MatrixSymbol("v", n, 1)
+    kernel = sk.build_function([MatrixSolve(M, v), M.inv(), sp.Determinant(M)], M, v,
+                               dtype="float64")
+    rng = np.random.default_rng(seed)
+    Ms = rng.uniform(-1, 1, batch + (n, n)) + 2 * n * np.eye(n)
+    vs = rng.uniform(-1, 1, batch + (n,))
+    solved, inverse, determinant = kernel(Ms, vs)
+    assert_close(solved, np.linalg.solve(Ms, vs[..., None])[..., 0])
+    want = np.linalg.inv(Ms)
+    assert_close(inverse, want[..., 0] if n == 1 else want)  # a 1×1 matrix is a column
+    assert_close(determinant, np.linalg.det(Ms))
+
+
+def test_a_saved_array_kernel_loads_as_one_file(tmp_path):
+    kernel = kernel_of("numeric_matrix")
+    path = tmp_path / "numeric.symkern"
+    kernel.save(path)
+    data, _ = _values("numeric_matrix", (4,))
+    assert_close(sk.load(path)(*data), kernel(*data), rtol=0)
+
+
+def test_user_functions_inside_a_matrix_expression_are_a_build_error():
+    with pytest.raises(sk.BuildError, match="functions: user functions are not available"):
+        sk.build_function(W * x, x, params={"W": W}, functions={"f": jnp.sin})
