@@ -883,6 +883,18 @@ def _count(leaves: Sequence[ArrayLeaf]) -> Counter:
     return counts
 
 
+def _check_derivatives(expr: sp.Basic) -> None:
+    """A derivative with respect to a matrix that SymPy left unevaluated is refused by name."""
+    for node in sp.preorder_traversal(expr):
+        if isinstance(node, sp.Derivative) and any(
+                isinstance(v, sp.MatrixExpr) for v in node.variables):
+            raise BuildError(
+                f"eqs: SymPy leaves the derivative {node} unevaluated (its matrix calculus "
+                "does not cover it, and the derivative of a scalar with respect to a matrix "
+                "has no array form here); write the derivative out, e.g. with the entries "
+                "of an explicit Matrix (.as_explicit()) and sympy.diff")
+
+
 def generate_arrays(
     leaves: Sequence[ArrayLeaf],
     data: Sequence[ArgumentSpec],
@@ -894,6 +906,8 @@ def generate_arrays(
 ) -> StructuredCode:
     """Print `leaves` as one kernel `kernel(<const args>, x1, …, ps)` returning pieces."""
     start = time.perf_counter()
+    for leaf in leaves:
+        _check_derivatives(leaf.expr)
     printer = ArrayPrinter(data, parameters, cse=cse, embed_max_bytes=embed_max_bytes,
                            dtype=dtype, occurrences=_count(leaves))
     pieces: list[ast.expr | int] = []
