@@ -222,6 +222,13 @@ def run_path(name: str, path: str, data: tuple, ps: dict) -> tuple[Any, Any]:
         return k.bind(ps)(*data), reference(*data)
     if path == "flat":
         return k.flat()(*data, k.flatten(ps)), reference(*data)
+    if path == "shard":
+        return _call(k.shard(), data, ps), reference(*data)
+    if path == "stream":
+        chunks = list(k.stream(tuple(data) if len(data) > 1 else data[0], ps or None, chunk=2,
+                               progress=False))
+        return (jax.tree_util.tree_map(lambda *parts: np.concatenate(parts), *chunks),
+                reference(*data))
     if path == "export":
         loaded = sk.load(k.export(*data, ps) if ps else k.export(*data), k.const_args)
         return _call(loaded, data, ps), reference(*data)
@@ -244,7 +251,7 @@ def assert_close(got: Any, want: Any, rtol: float = 1e-10) -> None:
 #: formulas); SYMKERN_SLOW=1 runs the whole matrix (each compile of a linear-algebra
 #: kernel or reference in float64 took 0.3-1 s on a shared core)
 REPRESENTATIVE = ("matmul_add", "solve", "trace", "block", "mixed_leaves", "explicit_matrix")
-PATHS = ("jit", "vmap", "grad_data", "grad_params", "bind", "flat", "export")
+PATHS = ("jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream", "export")
 
 
 def _bounded(values, keep):
