@@ -18,7 +18,7 @@ import numpy as np
 from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel
 from symkern.batching.program import KernelSignature, ScalarProgram
-from symkern.codegen.arrays import needs_array_program
+from symkern.codegen.arrays import any_needs_array_program
 from symkern.codegen.cache import cache_key
 from symkern.codegen.emit import implemented_functions
 from symkern.codegen.passes import (
@@ -40,7 +40,6 @@ from symkern.symbolic.arguments import (
     check_unique_symbols,
     data_argument,
     equation_set,
-    is_symbolic_leaf,
     parameter_arguments,
 )
 from symkern.symbolic.networks import SymbolicNetwork
@@ -176,7 +175,7 @@ def build_function(
         if not isinstance(name, str) or not callable(implementation):
             raise BuildError(f"functions[{name!r}]: expected a name mapped to a callable, "
                              f"got {type(implementation).__name__}")
-    if any(map(needs_array_program, jax.tree_util.tree_leaves(eqs, is_leaf=is_symbolic_leaf))):
+    if any_needs_array_program(eqs):
         from symkern.batching.arrays import build_array_function
 
         return build_array_function(eqs, *data_args, params=params, options=chosen,

@@ -1,6 +1,7 @@
 """codegen, stages 1–2 for matrix and array expressions: MatrixSymbol algebra printed as arrays.
 
-Imports ast, numpy, sympy, symkern.codegen (rules, pipeline, structured), symkern.symbolic, errors.
+Imports ast, jax.tree_util, numpy, sympy, symkern.codegen (rules, pipeline, structured),
+symkern.symbolic, errors.
 
 An equation written as a SymPy matrix expression (`W*x + b`, `MatrixSolve(A, v)`,
 `Trace(P*H.T)`, an `ArrayContraction`) is printed as whole-array operations over
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 import sympy as sp
 from sympy.codegen.matrix_nodes import MatrixSolve
@@ -91,6 +93,17 @@ def needs_array_program(leaf: Any) -> bool:
     if isinstance(leaf, sp.Expr):
         return any(_array_valued_scalar(node) for node in sp.preorder_traversal(leaf))
     return False
+
+
+def any_needs_array_program(eqs: Any) -> bool:
+    """Whether any leaf of an equation pytree `needs_array_program`; False for a tree that
+    does not flatten (its error is `equation_set`'s to report)."""
+    try:
+        leaves = jax.tree_util.tree_leaves(
+            eqs, is_leaf=lambda obj: isinstance(obj, (sp.Basic, sp.MatrixBase, sp.NDimArray)))
+    except (TypeError, ValueError):
+        return False
+    return any(map(needs_array_program, leaves))
 
 
 def _array_valued_scalar(node: sp.Basic) -> bool:
