@@ -286,8 +286,8 @@ class ArrayPrinter:
                 right = self._transposed(operand)
                 node, batched = ast.BinOp(node, ast.MatMult(), right.node), batched or right.batched
             if scalars:
-                factor = self._broadcast_scalar(sp.Mul(*scalars))
-                node, batched = ast.BinOp(factor.node, ast.Mult(), node), batched or factor.batched
+                scaled = self._scaled(sp.Mul(*scalars), Printed(node, batched), axes=2)
+                node, batched = scaled.node, scaled.batched
             printed = Printed(node, batched)
         else:
             value = self.matrix(expr)
@@ -350,10 +350,8 @@ class ArrayPrinter:
                     node = ast.BinOp(node, ast.MatMult(), factor.node)
                 batched = value.batched
                 if scalars:
-                    factor = self.scalar(sp.Mul(*scalars))
-                    scale = (_call("jnp.expand_dims", factor.node, ast.Constant(-1))
-                             if factor.batched else factor.node)
-                    node, batched = ast.BinOp(scale, ast.Mult(), node), batched or factor.batched
+                    scaled = self._scaled(sp.Mul(*scalars), Printed(node, batched), axes=1)
+                    node, batched = scaled.node, scaled.batched
                 printed = Printed(node, batched)
         if printed is not None:
             self.memo[key] = printed
@@ -479,10 +477,21 @@ class ArrayPrinter:
             raise _drift("ArrayPrinter", "a MatMul of at least one matrix", str(expr))
         product = self._product(matrices)
         if scalars:
-            factor = self._broadcast_scalar(sp.Mul(*scalars))
-            product = Printed(ast.BinOp(factor.node, ast.Mult(), product.node),
-                              factor.batched or product.batched)
+            product = self._scaled(sp.Mul(*scalars), product, axes=2)
         return product
+
+    def _scaled(self, factor: sp.Expr, value: Printed, axes: int) -> Printed:
+        """`factor * value` (`-value` for -1), the factor given `axes` axes of one when it is
+        per sample (`jnp.expand_dims(s, -1)` before a vector, `(-2, -1)` before a matrix)."""
+        if factor == -1:
+            return Printed(ast.UnaryOp(ast.USub(), value.node), value.batched)
+        scale = self.scalar(factor)
+        node = scale.node
+        if scale.batched:  # read from the data (or broadcast to its batch by the pipeline)
+            where = ast.Constant(-1) if axes == 1 else ast.Tuple(
+                [ast.Constant(-2), ast.Constant(-1)], ast.Load())
+            node = _call("jnp.expand_dims", node, where)
+        return Printed(ast.BinOp(node, ast.Mult(), value.node), value.batched or scale.batched)
 
     def _product(self, matrices: Sequence[sp.MatrixExpr]) -> Printed:
         """`A @ B @ …` from the left. An inverse used once, `Inverse(A) @ B`, is
@@ -808,6 +817,8 @@ def check_batch_polymorphic(module: ast.Module, data_ranks: dict[str, int]) -> a
             if (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult)
                     and parent.left is node and not _names(parent.right) & set(data_ranks)):
                 continue  # a batch of vectors times one matrix for all samples
+            if isinstance(parent, ast.UnaryOp):
+                continue
             if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Add, ast.Sub, ast.Mult)):
                 other = parent.right if parent.left is node else parent.left
                 if not (isinstance(other, ast.Name) and data_ranks.get(other.id) == 0):
