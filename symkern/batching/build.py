@@ -17,6 +17,7 @@ import numpy as np
 
 from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel
+from symkern.batching.packing import packs
 from symkern.batching.program import KernelSignature, ScalarProgram
 from symkern.codegen.arrays import any_needs_array_program
 from symkern.codegen.cache import cache_key
@@ -192,7 +193,7 @@ def build_function(
     functions = {**implemented_functions(equations.leaves), **functions}
     context = PassContext(chosen, len(data), tuple(spec.path for spec in parameters),
                           tuple(spec.shape for spec in parameters), jax.default_backend(),
-                          stopwatch)
+                          stopwatch, packed_parameters=packs(parameters))
     generated, cache_key = _generate_cached(equations, data + parameters, len(data),
                                             functions=functions, context=context)
     namespace_functions: dict[str, Callable] = {}

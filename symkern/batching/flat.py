@@ -6,7 +6,6 @@ Imports jax, numpy and symkern.batching.kernel. Like SymbolicNeuralNetworks.jl's
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -21,6 +20,7 @@ from symkern.batching.kernel import (
     refuse_integer_arrays,
     weak_method,
 )
+from symkern.batching.packing import PackedParameters, ParameterLayout
 from symkern.errors import ArgumentError
 
 
@@ -34,13 +34,10 @@ class FlatKernel:
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self._layout = []
-        offset = 0
-        for spec in kernel.signature.parameters:
-            size = math.prod(spec.shape)
-            self._layout.append((offset, size, spec.shape))
-            offset += size
-        self.size = offset
+        # the buffer is the packed form (symkern.batching.packing): the body slices the
+        # leaves it reads out of theta
+        self._layout = ParameterLayout(kernel.signature.parameters, kernel.dtype)
+        self.size = self._layout.size
         self._entries = jax.jit(weak_method(self, "_compute"))
         # as Kernel's direct path: checks at trace time, shapes the checked path ran fused
         self._direct = jax.jit(weak_method(self, "_evaluate_arguments"))
@@ -50,14 +47,15 @@ class FlatKernel:
 
     def leaves(self, theta: Any) -> tuple:
         """The parameter leaves, each reshaped, read out of a flat buffer `theta`."""
-        return tuple(theta[start:start + size].reshape(shape)
-                     for start, size, shape in self._layout)
+        return PackedParameters(theta, self._layout).leaves()
 
     def _evaluate(self, const_args: tuple, data: tuple, theta: Any) -> Any:
-        return self.kernel.program.evaluate(const_args, data, self.leaves(theta))
+        return self.kernel.program.evaluate(const_args, data,
+                                            PackedParameters(theta, self._layout))
 
     def _compute(self, const_args: tuple, data: tuple, theta: Any) -> tuple:
-        return self.kernel.program.entries(const_args, data, self.leaves(theta))
+        return self.kernel.program.entries(const_args, data,
+                                           PackedParameters(theta, self._layout))
 
     def _evaluate_arguments(self, const_args: tuple, args: tuple) -> Any:
         refuse_integer_arrays(self, jax.tree_util.tree_leaves(args))
@@ -98,6 +96,8 @@ class FlatKernel:
 
 def flatten_parameters(kernel: Kernel, ps: Any) -> Any:
     """All parameter leaves of `ps`, in argument order, raveled into one device buffer."""
+    if kernel.packs_parameters:  # the same buffer, by the packing kernel's own route
+        return jax.device_put(kernel.pack_parameters(ps).buffer)
     leaves = kernel.check_parameters(ps)
     if not leaves:
         return jax.device_put(np.zeros((0,), kernel.dtype))

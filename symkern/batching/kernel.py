@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from symkern.batching.buckets import EXACT_SHAPES, bucket_size, pad_batch
+from symkern.batching.packing import PackedParameters, parameter_leaves
 from symkern.batching.program import ScalarProgram
 from symkern.codegen.passes import BuildOptions
 from symkern.codegen.stopwatch import CALL_STAGES, Stopwatch
@@ -219,6 +220,8 @@ class Kernel:
         self._batch_shapes: set[tuple[int, ...]] = set()
         self._lock = threading.RLock()  # re-entered: tune compiles under it
         self._compilations = 0
+        # a tree of many leaves reaches every executable as one buffer (packing.py)
+        self._packer = program.packer
 
     # ---- what each stage produced -------------------------------------------------------
     @property
@@ -391,12 +394,39 @@ class Kernel:
             arrays.append(value)
         return tuple(arrays)
 
+    @property
+    def packs_parameters(self) -> bool:
+        """Whether the executables take the parameters packed into one buffer: a tree of at
+        least PACK_FROM_LEAVES scalar leaves, or PACK_ARRAYS_FROM_LEAVES leaves with arrays
+        among them (symkern.batching.packing, docs/design/parameter-packing.md)."""
+        return self._packer is not None
+
+    def pack_parameters(self, ps: Any) -> Any:
+        """`ps` checked, as the executables take it: packed into one buffer
+        (`PackedParameters`) when the kernel packs, else the tuple of its leaves. Every
+        call path takes a packed tree in place of `ps` (`kernel(X, kernel.pack_parameters(ps))`),
+        which skips converting the tree on each call."""
+        packer = self._packer
+        if packer is None:
+            return self.check_parameters(ps)
+        if packer.accepts(ps):
+            return ps
+        packed = packer.pack(ps)
+        return packed if packed is not None else packer.pack_leaves(self.check_parameters(ps))
+
+    def _packed_arguments(self, args: tuple) -> tuple:
+        """The call's arguments with `ps` packed, when the kernel packs and the count fits."""
+        if self._packer is None or len(args) != len(self.signature.data) + 1:
+            return args
+        return args[:-1] + (self.pack_parameters(args[-1]),)
+
     # ---- calling ------------------------------------------------------------------------
     def prepare(self, args: tuple) -> tuple:
-        """A call's arguments checked: `(const values, data arrays, parameter leaves)`."""
+        """A call's arguments checked: `(const values, data arrays, parameters)`, the
+        parameters as `pack_parameters` gives them."""
         check_dtype_policy(self.dtype)
         data, ps = self._split(args)
-        return (self._const_values, self.check_data(data), self.check_parameters(ps))
+        return (self._const_values, self.check_data(data), self.pack_parameters(ps))
 
     def _note_compilations(self, jobs: Sequence[tuple]) -> None:
         """Compile ahead of the first call of each batch shape, timing trace, lower and
@@ -480,7 +510,9 @@ class Kernel:
         if raw is not None and _jit_takes(raw):
             return (self._direct, ("fused", batch_shape, "raw"), (const_values, raw), False)
         args = data
-        if self.signature.has_parameters:
+        if isinstance(parameter_leaves, PackedParameters):
+            args += (parameter_leaves,)
+        elif self.signature.has_parameters:
             args += (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
                                                   parameter_leaves),)
         return (self._direct, ("fused", batch_shape), (const_values, args), False)
@@ -533,6 +565,7 @@ class Kernel:
         batch shape once, in the chosen form. Returns without measuring when the kernel has
         nothing to assemble or runs as pieces.
         """
+        args = self._packed_arguments(args)
         prepared = self.prepare(args)
         batch_shape = self._batch_shape_of(prepared[1])
         if not self._needs_assembly or self._pieces is not None:
@@ -576,8 +609,9 @@ class Kernel:
 
     def run(self, prepared: tuple, raw: tuple | None = None) -> Any:
         """Run checked arguments (`prepare`); `raw`, the call's own arguments, if unpadded."""
-        const_values, data, parameter_leaves = prepared
-        if any(isinstance(a, jax.core.Tracer) for a in data + parameter_leaves):
+        const_values, data, parameters = prepared
+        if any(isinstance(a, jax.core.Tracer)
+               for a in data + tuple(jax.tree_util.tree_leaves(parameters))):
             return self._jitted(*prepared)
         batch_shape = self._batch_shape_of(data)
         exact = batch_shape in self._batch_shapes
@@ -595,7 +629,7 @@ class Kernel:
         # the call's own parameters with the padded data: the same signature as an
         # unpadded call of the bucket's size, so the two share one executable
         raw_padded = tuple(padded) + tuple(raw[len(data):]) if raw is not None else None
-        result = self._execute((const_values, padded, parameter_leaves), (size,), raw_padded)
+        result = self._execute((const_values, padded, parameters), (size,), raw_padded)
         return jax.tree_util.tree_map(
             lambda leaf: jax.device_put(np.asarray(leaf)[:n].reshape(batch_shape + leaf.shape[1:])),
             result)
@@ -613,6 +647,7 @@ class Kernel:
         return result
 
     def __call__(self, *args: Any) -> Any:
+        args = self._packed_arguments(args)
         result = self.call_direct(args)
         if result is not NOT_TAKEN:
             return result
@@ -633,8 +668,9 @@ class Kernel:
         The const args are exported as ordinary arguments: the blob does not contain them,
         and loading it requires supplying them (`symkern.load(blob, kernel.const_args)`).
         """
-        const_values, data, parameter_leaves = self.prepare(args)
-        ps = (jax.tree_util.tree_unflatten(self.signature.parameter_treedef, parameter_leaves)
+        const_values, data, parameters = self.prepare(args)
+        ps = (jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
+                                           parameter_leaves(parameters))
               if self.signature.has_parameters else None)
         treedef = self.signature.parameter_treedef
 
@@ -696,7 +732,7 @@ class Kernel:
         The parameters stay arguments of the executable, so binding new values of the
         same shapes reuses the compiled program.
         """
-        return BoundKernel(self, tuple(jax.device_put(a) for a in self.check_parameters(ps)))
+        return BoundKernel(self, jax.device_put(self.pack_parameters(ps)))
 
 
 class BoundKernel:
@@ -706,17 +742,28 @@ class BoundKernel:
     binding new values of the same shapes and dtypes never recompiles.
     """
 
-    def __init__(self, kernel: Kernel, parameter_leaves: tuple[Any, ...]) -> None:
+    def __init__(self, kernel: Kernel, parameter_leaves: Any) -> None:
         self.kernel = kernel
+        #: the frozen parameters as `kernel.pack_parameters` gives them (one packed
+        #: buffer, or the tuple of leaves)
         self.parameter_leaves = parameter_leaves
         # the frozen tree as the direct path takes it: same signature as a checked call
-        self._tail = ((jax.tree_util.tree_unflatten(kernel.signature.parameter_treedef,
-                                                    list(parameter_leaves)),)
-                      if kernel.signature.has_parameters else ())
+        if isinstance(parameter_leaves, PackedParameters):
+            self._tail: tuple = (parameter_leaves,)
+        else:
+            self._tail = ((jax.tree_util.tree_unflatten(kernel.signature.parameter_treedef,
+                                                        list(parameter_leaves)),)
+                          if kernel.signature.has_parameters else ())
 
     @property
     def const_args(self) -> tuple[ConstArg, ...]:
-        """The kernel's const args, then each frozen parameter leaf."""
+        """The kernel's const args, then each frozen parameter leaf (or the one buffer the
+        leaves are packed in)."""
+        if isinstance(self.parameter_leaves, PackedParameters):
+            count = len(self.kernel.signature.parameters)
+            return self.kernel.const_args + (ConstArg(
+                "ps", self.parameter_leaves.buffer,
+                f"the {count} parameter leaves, packed in one buffer, frozen by bind"),)
         frozen = tuple(ConstArg(spec.label, value, f"{spec.label} frozen by bind")
                        for spec, value in zip(self.kernel.signature.parameters,
                                               self.parameter_leaves, strict=True))
@@ -749,27 +796,30 @@ class BoundKernel:
 
     def _traced(self) -> Any:
         program = self.kernel.program
-        leaves = self.parameter_leaves
+        leaves, structure = jax.tree_util.tree_flatten(self.parameter_leaves)
 
         def evaluate(const_args: tuple, data: tuple) -> Any:
             # the frozen leaves are closed over as constants of the trace; lowered, each
             # above embed_max_bytes is a const arg of the executable, as in `const_args`
+            frozen = const_args[len(const_args) - len(leaves):]
             return program.evaluate(const_args[:len(const_args) - len(leaves)], data,
-                                    tuple(const_args[len(const_args) - len(leaves):]))
+                                    jax.tree_util.tree_unflatten(structure, frozen))
 
         return jax.jit(evaluate)
 
     def jaxpr(self, *data: Any) -> Any:
         """The jaxpr of a bound call: const args (the kernel's, then the frozen parameter
         leaves) as its first arguments, then the data."""
-        const_values, checked, leaves = self._prepare(data)
-        return jax.make_jaxpr(self._traced())(const_values + tuple(leaves), checked)
+        const_values, checked, parameters = self._prepare(data)
+        return jax.make_jaxpr(self._traced())(
+            const_values + tuple(jax.tree_util.tree_leaves(parameters)), checked)
 
     def hlo(self, *data: Any, dialect: str = "stablehlo") -> str:
         """The lowered program of a bound call: the frozen parameters are arguments of its
         signature (after the kernel's const args), never embedded constants."""
-        const_values, checked, leaves = self._prepare(data)
-        return self._traced().lower(const_values + tuple(leaves), checked).as_text(dialect=dialect)
+        const_values, checked, parameters = self._prepare(data)
+        return self._traced().lower(const_values + tuple(jax.tree_util.tree_leaves(parameters)),
+                                    checked).as_text(dialect=dialect)
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.kernel!r})"

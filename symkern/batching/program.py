@@ -20,6 +20,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.extend.core import Var
 
+from symkern.batching.packing import PackedParameters, ParameterPacker, packs
 from symkern.codegen.pipeline import GeneratedCode
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
@@ -69,6 +70,11 @@ class ScalarProgram:
         # the generated code reads `ps[key]` at every level: a tree with nodes read by
         # attribute (namedtuple, dataclass) reaches it as nested dicts (code_parameters)
         self._parameters_by_path = not _subscriptable(signature.parameter_treedef)
+        #: a tree of many leaves is read from one buffer (symkern.batching.packing): the
+        #: executables take it packed, and leaves handed in one by one are packed first
+        self.packer = (ParameterPacker(signature.parameters, signature.parameter_treedef,
+                                       signature.dtype)
+                       if packs(signature.parameters) else None)
         self._vmappable: Callable[..., Any] | None = None
 
     @property
@@ -89,7 +95,15 @@ class ScalarProgram:
 
     def code_parameters(self, parameter_leaves: tuple) -> Any:
         """The `ps` the generated code reads: the caller's tree, or nested dicts by the
-        same keys when a node of it is read by attribute (`ps['p']` for a namedtuple's `p`)."""
+        same keys when a node of it is read by attribute (`ps['p']` for a namedtuple's `p`).
+
+        Packed parameters (symkern.batching.packing) are read as they are: they take the
+        same keys and slice their buffer."""
+        if self.packer is not None and not isinstance(parameter_leaves, PackedParameters):
+            parameter_leaves = self.packer.pack_leaves(parameter_leaves)
+        if isinstance(parameter_leaves, PackedParameters):
+            return parameter_leaves if parameter_leaves.layout.tree is not None \
+                else parameter_leaves.leaf(0)
         if not self._parameters_by_path:
             return jax.tree_util.tree_unflatten(self.signature.parameter_treedef,
                                                 parameter_leaves)
@@ -172,6 +186,7 @@ def _foldable(program: ScalarProgram) -> Callable[..., Any]:
     evaluate = program.evaluate
     ranks = [len(spec.shape) for spec in program.signature.data]
     scalar_leaves = [spec.shape == () for spec in program.signature.parameters]
+    all_scalar = all(scalar_leaves)
 
     @custom_vmap
     def folded(const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
@@ -181,9 +196,13 @@ def _foldable(program: ScalarProgram) -> Callable[..., Any]:
     def fold(axis_size: int, in_batched: tuple, const_args: tuple, data: tuple,
              parameter_leaves: tuple) -> tuple[Any, Any]:
         const_batched, data_batched, leaves_batched = in_batched
+        packed = isinstance(parameter_leaves, PackedParameters)
+        # a packed buffer is mapped as a whole: it folds when every leaf is a scalar
+        mapped_leaves = [leaves_batched.buffer] if packed else leaves_batched
+        scalars = [all_scalar] if packed else scalar_leaves
         unfolded = (any(const_batched) or not any(data_batched)
                     or any(mapped and not (scalar and program.folds_scalar_parameters)
-                           for mapped, scalar in zip(leaves_batched, scalar_leaves, strict=True)))
+                           for mapped, scalar in zip(mapped_leaves, scalars, strict=True)))
         if unfolded:
             axes = jax.tree_util.tree_map(lambda mapped: 0 if mapped else None, in_batched)
             out = jax.vmap(evaluate, in_axes=axes)(const_args, data, parameter_leaves)
@@ -193,9 +212,16 @@ def _foldable(program: ScalarProgram) -> Callable[..., Any]:
                      if mapped)
         data = tuple(array if mapped else jnp.broadcast_to(array, batch + array.shape[array.ndim - rank:])
                      for array, rank, mapped in zip(data, ranks, data_batched, strict=True))
-        parameter_leaves = tuple(
-            jnp.reshape(leaf, (axis_size,) + (1,) * (len(batch) - 1)) if mapped else leaf
-            for leaf, mapped in zip(parameter_leaves, leaves_batched, strict=True))
+        if packed and leaves_batched.buffer:
+            # (axis, size) → (axis, 1, ..., size): each leaf read leads with (axis, 1, ...)
+            buffer = parameter_leaves.buffer
+            parameter_leaves = PackedParameters(
+                jnp.reshape(buffer, (axis_size,) + (1,) * (len(batch) - 1) + buffer.shape[-1:]),
+                parameter_leaves.layout)
+        elif not packed:
+            parameter_leaves = tuple(
+                jnp.reshape(leaf, (axis_size,) + (1,) * (len(batch) - 1)) if mapped else leaf
+                for leaf, mapped in zip(parameter_leaves, leaves_batched, strict=True))
         out = evaluate(const_args, data, parameter_leaves)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 

@@ -127,7 +127,9 @@ class ShardedKernel:
             # A single sample is a batch of one, so that there is a leading axis to split.
             data = tuple(a[None] for a in data)
         placed, size, padding = self._place_data(data)
-        parameters = tuple(jax.device_put(p, self.replicated) for p in parameter_leaves)
+        # a tuple of leaves, or the one buffer they are packed in (Kernel.pack_parameters)
+        parameters = jax.tree_util.tree_map(lambda p: jax.device_put(p, self.replicated),
+                                            parameter_leaves)
         return (self.const_values, placed, parameters), size, padding, one_sample
 
     def __call__(self, *args: Any) -> Any:

@@ -259,8 +259,11 @@ def stream(
         def call(data: tuple[jax.Array, ...]) -> Any:
             return kernel(*data)
     else:
-        leaves = tuple(jax.device_put(a) for a in base.check_parameters(ps))
-        placed = jax.tree_util.tree_unflatten(signature.parameter_treedef, leaves)
+        if base.packs_parameters:  # one buffer, which every chunk's call takes as it is
+            placed = jax.device_put(base.pack_parameters(ps))
+        else:
+            leaves = tuple(jax.device_put(a) for a in base.check_parameters(ps))
+            placed = jax.tree_util.tree_unflatten(signature.parameter_treedef, leaves)
 
         def call(data: tuple[jax.Array, ...]) -> Any:
             return kernel(*data, placed)

@@ -1,0 +1,248 @@
+"""batching, stage 4: parameter packing — a tree of many parameter leaves as one buffer.
+
+Imports jax, numpy and symkern.symbolic. A kernel whose parameter tree has at least
+PACK_FROM_LEAVES leaves hands its executables one buffer instead of one argument per leaf;
+the generated code still reads `ps['p0']`, from a view that slices the buffer.
+"""
+
+# Why: jit flattens every leaf of its arguments on every call and XLA compiles an executable
+# with one parameter per leaf. With 10^5 scalar parameters (`x * Add(*p)`) a call took 11.9 s
+# and the first 775 s at 9 GB, most of it in per-leaf work: checking and converting each leaf,
+# JAX abstracting each leaf of each traced piece, and the executables' argument handling.
+# Packed, each executable takes one buffer of the kernel's dtype (every parameter leaf is cast
+# to it, so one dtype means one buffer), the body reads the leaves it uses as slices of it
+# inside the trace, and a call converts the caller's tree with a few C-level passes
+# (`np.fromiter` over the values) instead of a Python loop (docs/design/parameter-packing.md).
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from symkern.symbolic.arguments import ArgumentSpec
+
+#: a tree of scalar leaves is packed from this many leaves on. A repeated call of
+#: `x * (p0 + … )` with a dict of Python floats (100 samples, best of 2,000, shared 2-core CPU;
+#: benchmarks/many_parameters.py --threshold) took, one argument per leaf against packed:
+#: 1 leaf 9.3 / 11.5 µs, 2: 10.4 / 12.2, 4: 12.9 / 11.5, 8: 19.1 / 11.8, 64: 128 / 16
+PACK_FROM_LEAVES = 4
+#: a tree with array leaves is packed from this many leaves on: such leaves are checked one
+#: by one either way and packing adds a concatenation. `x * Σ (v_k[0] + 2 v_k[1])` over
+#: 2-vectors v_k, one argument per leaf against packed: 64 leaves, numpy values 201 / 219 µs a
+#: call, device arrays 40 / 97 µs; 256: 720 / 704 µs, 130 / 261 µs, first call 0.9 / 1.8 s;
+#: 1,024: 3.48 / 2.93 ms, 0.65 / 1.13 ms, first call 14.7 / 3.8 s (Chain(Dense(2, 2)…)
+#: networks of 4-32 leaves also ran 10-40 % slower packed)
+PACK_ARRAYS_FROM_LEAVES = 1024
+
+
+def packs(specs: Sequence[ArgumentSpec]) -> bool:
+    """Whether a kernel with these parameter leaves takes them packed: PACK_FROM_LEAVES
+    scalar leaves, or PACK_ARRAYS_FROM_LEAVES leaves when some are arrays."""
+    scalar = all(spec.shape == () for spec in specs)
+    return (len(specs) >= (PACK_FROM_LEAVES if scalar else PACK_ARRAYS_FROM_LEAVES)
+            and all(spec.path for spec in specs))
+
+
+#: the leaf types `ParameterPacker.pack` converts in one `np.fromiter` pass; any other leaf
+#: (arrays, SymPy numbers, strings, device arrays, tracers) takes the per-leaf check
+_SCALAR_TYPES = frozenset({float, int, bool, np.float64, np.float32, np.float16, np.int64,
+                           np.int32, np.bool_})
+
+
+class ParameterLayout:
+    """Where each parameter leaf lies in the packed buffer: leaf `k` (argument order) is
+    `buffer[offsets[k]:offsets[k] + sizes[k]]` reshaped to `shapes[k]`.
+
+    `tree` maps each key of the generated code's `ps[...]` reads to a subtree or to a
+    leaf's index (None when the tree is a single leaf, read as `ps` itself). Compared by
+    identity: each kernel has one, and it is the static part of a `PackedParameters`
+    pytree, so jit's cache compares it on every call.
+    """
+
+    def __init__(self, specs: Sequence[ArgumentSpec], dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self.shapes = tuple(tuple(spec.shape) for spec in specs)
+        self.sizes = tuple(math.prod(shape) for shape in self.shapes)
+        self.offsets = tuple(itertools.accumulate(self.sizes[:-1], initial=0))[:len(self.sizes)]
+        self.size = sum(self.sizes)
+        self.scalar = all(shape == () for shape in self.shapes)
+        tree: dict | None = {}
+        for index, spec in enumerate(specs):
+            if not spec.path:  # the tree is this one leaf, read as `ps` itself
+                tree = None
+                break
+            node = tree
+            for key in spec.path[:-1]:
+                node = node.setdefault(key, {})
+            node[spec.path[-1]] = index
+        self.tree = tree
+
+    def __repr__(self) -> str:
+        return f"ParameterLayout({len(self.shapes)} leaves, {self.size} {self.dtype.name})"
+
+
+@jax.tree_util.register_pytree_node_class
+class PackedParameters:
+    """A kernel's parameter leaves packed into one buffer of shape `(..., layout.size)`.
+
+    A pytree whose only child is the buffer, so a jit, a `jax.grad` or a `jax.vmap` sees one
+    array however many leaves there are; the generated code reads it as its `ps`
+    (`__getitem__`), so it also crosses the jits of a kernel cut into pieces as one array.
+    Leading axes of the buffer (a `jax.vmap` folded into the batch) lead every leaf read
+    from it.
+    """
+
+    def __init__(self, buffer: Any, layout: ParameterLayout) -> None:
+        self.buffer = buffer
+        self.layout = layout
+
+    def tree_flatten(self) -> tuple[tuple[Any], ParameterLayout]:
+        return (self.buffer,), self.layout
+
+    @classmethod
+    def tree_unflatten(cls, layout: ParameterLayout, children: Sequence[Any]) -> PackedParameters:
+        return cls(children[0], layout)
+
+    def leaf(self, index: int) -> Any:
+        """Leaf `index` (argument order), sliced out of the buffer and reshaped."""
+        layout, buffer = self.layout, self.buffer
+        start = layout.offsets[index]
+        axis = np.ndim(buffer) - 1
+        piece = lax.slice_in_dim(buffer, start, start + layout.sizes[index], axis=axis)
+        return lax.reshape(piece, tuple(np.shape(buffer)[:axis]) + layout.shapes[index])
+
+    def sum_slices(self, *runs: tuple[int, int]) -> Any:
+        """The sum of the buffer's entries in each `[start, stop)` of `runs` (the rewritten
+        code's form of a long sum of scalar parameters: symkern.codegen.packed_sums)."""
+        axis = np.ndim(self.buffer) - 1
+        total = None
+        for start, stop in runs:
+            part = jnp.sum(lax.slice_in_dim(self.buffer, start, stop, axis=axis), axis=axis)
+            total = part if total is None else total + part
+        return total
+
+    def leaves(self) -> tuple[Any, ...]:
+        """Every leaf, in argument order (one slice each: for the forms that list them).
+
+        A buffer outside a trace is sliced on the host (eager slices would compile one
+        program per position) and the leaves of a device buffer put back on its device."""
+        buffer = self.buffer
+        if isinstance(buffer, jax.core.Tracer):
+            return tuple(self.leaf(index) for index in range(len(self.layout.shapes)))
+        host = np.asarray(buffer)
+        layout = self.layout
+        lead = host.shape[:-1]
+        leaves = tuple(host[..., start:start + size].reshape(lead + shape)
+                       for start, size, shape in zip(layout.offsets, layout.sizes,
+                                                     layout.shapes, strict=True))
+        return tuple(jax.device_put(leaves)) if isinstance(buffer, jax.Array) else leaves
+
+    def __getitem__(self, key: Any) -> Any:
+        """What the generated code reads as `ps[key]`: `packed['L1']['W']` is leaf `W` of
+        `L1`, sliced out of the buffer."""
+        return ParameterView(self, self.layout.tree)[key]
+
+    def __repr__(self) -> str:
+        return f"PackedParameters({self.layout!r}, buffer shape {np.shape(self.buffer)})"
+
+
+class ParameterView:
+    """A node of the parameter tree over a packed buffer: `view[key]` is the subtree or the
+    leaf under `key`, each leaf sliced only when read (a body that reads ten of 10^5 leaves
+    traces ten slices)."""
+
+    def __init__(self, packed: PackedParameters, node: dict) -> None:
+        self._packed = packed
+        self._node = node
+
+    def __getitem__(self, key: Any) -> Any:
+        child = self._node[key]
+        if isinstance(child, dict):
+            return ParameterView(self._packed, child)
+        return self._packed.leaf(child)
+
+
+class ParameterPacker:
+    """A caller's parameter tree → `PackedParameters`, without per-leaf Python work where
+    the tree allows it.
+
+    `pack(ps)` takes the fast route when every leaf is a scalar and `ps` is the kernel's own
+    flat container (a dict or a list/tuple of the leaves) holding Python or numpy numbers:
+    one `np.fromiter` over its values, reordered by a permutation worked out once per key
+    order (JAX orders a dict's leaves by sorted key, which costs 30 ms at 10^5 keys). It
+    returns None for anything else, and the caller checks each leaf (`pack_leaves`).
+    """
+
+    def __init__(self, specs: Sequence[ArgumentSpec], treedef: Any, dtype: np.dtype) -> None:
+        self.layout = ParameterLayout(specs, dtype)
+        example = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+        flat = (self.layout.scalar and treedef.num_nodes == treedef.num_leaves + 1
+                and all(len(spec.path) == 1 for spec in specs))
+        self._container = type(example) if flat and type(example) in (dict, list, tuple) else None
+        self._keys = tuple(spec.path[0] for spec in specs) if self._container is dict else ()
+        self._order: tuple = ()
+        self._permutation: np.ndarray | None = None
+        # one executable for device arrays (an eager ravel and concatenate per leaf took
+        # 100-400 µs for 2-16 leaves); inside a caller's trace it is inlined
+        self._concatenate = jax.jit(functools.partial(_concatenate, dtype=self.layout.dtype))
+
+    def pack(self, ps: Any) -> PackedParameters | None:
+        """`ps` packed on the host by the fast route, or None where it does not apply."""
+        container = self._container
+        if container is None or type(ps) is not container:
+            return None
+        values = ps.values() if container is dict else ps
+        if len(values) != self.layout.size or not set(map(type, values)) <= _SCALAR_TYPES:
+            return None
+        try:
+            buffer = np.fromiter(values, self.layout.dtype, count=self.layout.size)
+        except (OverflowError, ValueError, TypeError):
+            return None  # the per-leaf check names the leaf
+        if container is dict:
+            order = tuple(ps)
+            if order != self._order:
+                position = {key: index for index, key in enumerate(order)}
+                if not all(key in position for key in self._keys):
+                    return None
+                self._permutation = np.fromiter(map(position.__getitem__, self._keys), np.intp,
+                                                count=len(self._keys))
+                self._order = order
+            buffer = buffer[self._permutation]
+        return PackedParameters(buffer, self.layout)
+
+    def pack_leaves(self, leaves: Sequence[Any]) -> PackedParameters:
+        """Checked leaves (`Kernel.check_parameters`) packed: on the host when all are numpy,
+        else with one jitted `jnp.concatenate` (device arrays stay on their device; tracers
+        pack inside the trace, so `jax.grad` returns a gradient per leaf)."""
+        dtype = self.layout.dtype
+        if all(isinstance(leaf, (np.ndarray, np.generic)) for leaf in leaves):
+            buffer = (np.concatenate([np.ravel(leaf) for leaf in leaves]).astype(dtype, copy=False)
+                      if leaves else np.zeros((0,), dtype))
+        else:
+            buffer = self._concatenate(tuple(leaves))
+        return PackedParameters(buffer, self.layout)
+
+    def accepts(self, ps: Any) -> bool:
+        """Whether `ps` is already packed for this kernel (one buffer of its layout)."""
+        return (isinstance(ps, PackedParameters) and ps.layout is self.layout
+                and tuple(np.shape(ps.buffer)) == (self.layout.size,)
+                and np.dtype(ps.buffer.dtype) == self.layout.dtype)
+
+
+def _concatenate(leaves: tuple, dtype: np.dtype) -> Any:
+    return jnp.concatenate([jnp.ravel(jnp.asarray(leaf, dtype)) for leaf in leaves])
+
+
+def parameter_leaves(parameters: Any) -> tuple[Any, ...]:
+    """The leaves of a prepared call's parameters: a tuple of leaves, or packed ones sliced."""
+    if isinstance(parameters, PackedParameters):
+        return parameters.leaves()
+    return tuple(parameters)

@@ -1,0 +1,312 @@
+"""A parameter tree of many leaves reaches the executables packed into one buffer, and every
+call path (direct, checked, bound, flat, sharded, streamed, exported, traced) still takes
+the caller's tree and gives what one argument per leaf gives."""
+
+import ast
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import symkern as sk
+from symkern.batching import build, packing
+from symkern.batching.packing import PACK_ARRAYS_FROM_LEAVES, PACK_FROM_LEAVES, PackedParameters
+from symkern.codegen import passes
+from symkern.codegen.packed_sums import PACKED_SUM_MIN_TERMS, sum_packed_parameters
+from symkern.errors import ArgumentError
+
+x = sp.Symbol("x")
+X = np.linspace(-1.0, 1.0, 12).reshape(12, 1)
+
+
+def _sum_kernel(count: int, **options):
+    symbols = [sp.Symbol(f"p{i}") for i in range(count)]
+    params = {f"p{i}": s for i, s in enumerate(symbols)}
+    return sk.build_function(x * sp.Add(*symbols) + sp.sin(x) * symbols[0], [x],
+                             params=params, **options), symbols
+
+
+def _values(count: int) -> dict:
+    return {f"p{i}": float(i % 5) - 1.5 for i in range(count)}
+
+
+def _expected(values: dict) -> np.ndarray:
+    return X[:, 0] * sum(values.values()) + np.sin(X[:, 0]) * values["p0"]
+
+
+def _main_arguments(hlo: str) -> int:
+    signature = next(line for line in hlo.splitlines() if "func.func public @main" in line)
+    return len(re.findall(r"%arg\d+:", signature))
+
+
+@pytest.fixture(scope="module")
+def thousand():
+    kernel, _ = _sum_kernel(1000)
+    return kernel
+
+
+def test_a_thousand_scalar_parameters_reach_the_executable_as_one_buffer(thousand):
+    values = _values(1000)
+    assert thousand.packs_parameters
+    np.testing.assert_allclose(thousand(X, values), _expected(values), rtol=1e-12)
+    # the kernel's const args (none here), the data, one buffer
+    assert _main_arguments(thousand.hlo(X, values)) == 2
+    assert "ps.sum_slices((0, 1000))" in thousand.source
+
+
+def test_the_threshold_packs_from_PACK_FROM_LEAVES_scalar_leaves():
+    below, _ = _sum_kernel(PACK_FROM_LEAVES - 1)
+    at, _ = _sum_kernel(PACK_FROM_LEAVES)
+    assert not below.packs_parameters and at.packs_parameters
+    for kernel, count in ((below, PACK_FROM_LEAVES - 1), (at, PACK_FROM_LEAVES)):
+        values = _values(count)
+        np.testing.assert_allclose(kernel(X, values), _expected(values), rtol=1e-12)
+        np.testing.assert_allclose(kernel(X, values), _expected(values), rtol=1e-12)
+    assert _main_arguments(below.hlo(X, _values(PACK_FROM_LEAVES - 1))) == PACK_FROM_LEAVES
+    assert _main_arguments(at.hlo(X, _values(PACK_FROM_LEAVES))) == 2
+
+
+def test_array_leaves_pack_from_PACK_ARRAYS_FROM_LEAVES(monkeypatch):
+    vectors = [sp.Matrix(sp.symbols(f"v{k}_0 v{k}_1")) for k in range(4)]
+    params = {f"v{k}": v for k, v in enumerate(vectors)}
+    expression = x * sum(v[0] - 2 * v[1] for v in vectors)
+    values = {f"v{k}": np.array([k + 1.0, 0.5 * k]) for k in range(4)}
+    expected = X[:, 0] * sum(v[0] - 2 * v[1] for v in values.values())
+    monkeypatch.setattr(packing, "PACK_ARRAYS_FROM_LEAVES", 5)
+    below = sk.build_function(expression, [x], params=params)
+    monkeypatch.setattr(packing, "PACK_ARRAYS_FROM_LEAVES", 4)
+    at = sk.build_function(expression, [x], params=params)
+    assert PACK_ARRAYS_FROM_LEAVES > PACK_FROM_LEAVES
+    assert not below.packs_parameters and at.packs_parameters
+    for kernel in (below, at):
+        np.testing.assert_allclose(kernel(X, values), expected, rtol=1e-12)
+        device = jax.tree_util.tree_map(jnp.asarray, values)
+        np.testing.assert_allclose(kernel(X, device), expected, rtol=1e-12)
+
+
+def test_repeated_calls_with_new_values_never_recompile(thousand):
+    thousand(X, _values(1000))
+    compiled = thousand.compilations
+    for shift in (1.0, 2.0, 3.0):
+        values = {key: value + shift for key, value in _values(1000).items()}
+        np.testing.assert_allclose(thousand(X, values), _expected(values), rtol=1e-12)
+    assert thousand.compilations == compiled
+
+
+def test_a_dict_in_another_key_order_and_a_list_of_symbols_give_the_same_values(thousand):
+    values = _values(1000)
+    reordered = dict(reversed(list(values.items())))
+    np.testing.assert_allclose(thousand(X, reordered), _expected(values), rtol=1e-12)
+    symbols = [sp.Symbol(f"p{i}") for i in range(40)]
+    listed = sk.build_function(x * sp.Add(*symbols) + symbols[3], [x], params=symbols)
+    numbers = [float(i) for i in range(40)]
+    assert listed.packs_parameters
+    np.testing.assert_allclose(listed(X, numbers), X[:, 0] * sum(numbers) + 3.0, rtol=1e-12)
+    mixed = [np.float32(v) if i % 3 else int(v) for i, v in enumerate(numbers)]
+    np.testing.assert_allclose(listed(X, mixed), X[:, 0] * sum(numbers) + 3.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "string", "huge", "complex", "shape"])
+def test_a_wrong_tree_or_leaf_is_the_same_argument_error_packed(thousand, change):
+    values = _values(1000)
+    if change == "missing":
+        del values["p7"]
+    elif change == "extra":
+        values["q"] = 1.0
+    elif change == "string":
+        values["p7"] = "2"
+    elif change == "huge":
+        values["p7"] = 2 ** 2000
+    elif change == "complex":
+        values["p7"] = 1j
+    else:
+        values["p7"] = np.ones(2)
+    with pytest.raises(ArgumentError, match="ps"):
+        thousand(X, values)
+
+
+def test_gradients_keep_the_tree_and_match_the_unpacked_kernel():
+    count = 60
+    packed, _ = _sum_kernel(count)
+    values = _values(count)
+    assert packed.packs_parameters
+
+    def loss(kernel, ps):
+        return jnp.sum(kernel(X, ps) ** 2)
+
+    got = jax.grad(lambda ps: loss(packed, ps))(values)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(values)
+    residual = 2 * _expected(values)
+    for key in values:
+        want = np.sum(residual * (X[:, 0] + (np.sin(X[:, 0]) if key == "p0" else 0.0)))
+        np.testing.assert_allclose(got[key], want, rtol=1e-10)
+    np.testing.assert_allclose(jax.jit(lambda ps: packed(X, ps))(values), _expected(values),
+                               rtol=1e-12)
+
+
+def test_vmap_over_packed_parameters_folds_and_matches_a_loop(thousand):
+    rows = [_values(1000), {k: 2 * v for k, v in _values(1000).items()}]
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.array(v), *rows)
+    got = jax.vmap(lambda ps: thousand(X, ps))(stacked)
+    for k, values in enumerate(rows):
+        np.testing.assert_allclose(got[k], _expected(values), rtol=1e-12)
+    data = np.stack([X, 2 * X])
+    got = jax.vmap(lambda d, ps: thousand(d, ps))(data, stacked)
+    for k, values in enumerate(rows):
+        scaled = data[k][:, 0] * sum(values.values()) + np.sin(data[k][:, 0]) * values["p0"]
+        np.testing.assert_allclose(got[k], scaled, rtol=1e-12)
+
+
+def test_bind_flat_shard_stream_export_and_a_prepacked_tree_agree(thousand):
+    values = _values(1000)
+    want = _expected(values)
+    bound = thousand.bind(values)
+    np.testing.assert_allclose(bound(X), want, rtol=1e-12)
+    assert [c.name for c in bound.const_args] == ["ps"]
+    assert _main_arguments(bound.hlo(X)) == 2
+    theta = thousand.flatten(values)
+    assert theta.shape == (1000,)
+    np.testing.assert_allclose(thousand.flat()(X, theta), want, rtol=1e-12)
+    np.testing.assert_allclose(thousand.shard()(X, values), want, rtol=1e-12)
+    streamed = np.concatenate(list(thousand.stream(X, values, chunk=5, progress=False)))
+    np.testing.assert_allclose(streamed, want, rtol=1e-12)
+    prepacked = thousand.pack_parameters(values)
+    assert isinstance(prepacked, PackedParameters)
+    np.testing.assert_allclose(thousand(X, prepacked), want, rtol=1e-12)
+    np.testing.assert_allclose(thousand(X, jax.device_put(prepacked)), want, rtol=1e-12)
+
+
+def test_an_exported_packing_kernel_loads_and_takes_the_tree():
+    kernel, _ = _sum_kernel(40)
+    values = _values(40)
+    assert kernel.packs_parameters
+    loaded = sk.load(kernel.export(X, values), kernel.const_args)
+    np.testing.assert_allclose(loaded(X, values), _expected(values), rtol=1e-12)
+
+
+def test_a_body_cut_into_pieces_hands_each_piece_one_buffer(monkeypatch):
+    count = 60
+    symbols = [sp.Symbol(f"p{i}") for i in range(count)]
+    # one distinct function per parameter: no long sum; cut into pieces of 50 operations
+    monkeypatch.setattr(passes, "SPLIT_ABOVE_OPERATIONS", 100)
+    monkeypatch.setattr(build, "PIECE_OPERATIONS", 50)
+    expression = sum(sp.sin(s * x + i) for i, s in enumerate(symbols))
+    kernel = sk.build_function(expression, [x], params={f"p{i}": s for i, s in enumerate(symbols)},
+                               dtype="float64")
+    values = {f"p{i}": 0.01 * i for i in range(count)}
+    want = sum(np.sin(0.01 * i * X[:, 0] + i) for i in range(count))
+    assert kernel.packs_parameters and kernel.form == "pieces"
+    np.testing.assert_allclose(kernel(X, values), want, rtol=1e-9)
+    np.testing.assert_allclose(kernel(X, values), want, rtol=1e-9)
+    np.testing.assert_allclose(jax.jit(lambda ps: kernel(X, ps))(values), want, rtol=1e-9)
+
+
+def _sum_source(terms: int) -> str:
+    return ("def kernel(x1, ps):\n    _c0 = " + " + ".join(f"ps['p{k}']" for k in range(terms))
+            + "\n    return (x1[..., 0] * _c0,)")
+
+
+@pytest.mark.parametrize("terms", [PACKED_SUM_MIN_TERMS - 1, PACKED_SUM_MIN_TERMS])
+def test_packed_sums_rewrite_from_PACKED_SUM_MIN_TERMS_terms(terms):
+    module = ast.parse(_sum_source(terms))
+    before = ast.unparse(module)
+    count = sum_packed_parameters(module, {(f"p{k}",): k for k in range(terms)})
+    if terms < PACKED_SUM_MIN_TERMS:
+        assert count == 0 and ast.unparse(module) == before
+    else:
+        assert count == 1 and f"ps.sum_slices((0, {terms}))" in ast.unparse(module)
+
+
+def test_packed_sums_absorb_pure_locals_read_once_and_keep_other_terms():
+    source = ("def kernel(x1, ps):\n"
+              "    _c0 = " + " + ".join(f"ps['p{k}']" for k in range(0, 10)) + "\n"
+              "    _c1 = " + " + ".join(f"ps['p{k}']" for k in range(12, 20)) + "\n"
+              "    _c2 = _c0 + _c1 + ps['W'] + x1[..., 0]\n"
+              "    _c3 = _c1\n"
+              "    return (_c2 * _c3,)")
+    module = ast.parse(source)
+    offsets = {(f"p{k}",): k for k in range(20)}
+    assert sum_packed_parameters(module, offsets) == 3
+    text = ast.unparse(module)
+    # _c0 is read once and absorbed; _c1 is read twice and stays; `ps['W']` is no scalar leaf
+    assert "_c0 =" not in text
+    assert "_c2 = ps.sum_slices((0, 10)) + _c1 + ps['W'] + x1[..., 0]" in text
+    assert "_c1 = ps.sum_slices((12, 20))" in text
+
+
+def test_repeated_entries_are_summed_as_often_as_they_occur():
+    module = ast.parse(_sum_source(9).replace("ps['p8']", "ps['p0']"))
+    sum_packed_parameters(module, {(f"p{k}",): k for k in range(9)})
+    assert "ps.sum_slices((0, 8), (0, 1))" in ast.unparse(module)
+
+
+leaf_kinds = st.sampled_from(["symbol", "column", "matrix", "matrix_symbol"])
+
+
+@st.composite
+def parameter_trees(draw):
+    """A random tree (dicts and lists) of 4-12 leaves of random kinds, with the symbols of
+    each leaf and the value the caller passes for it."""
+    count = draw(st.integers(4, 12))
+    kinds = [draw(leaf_kinds) for _ in range(count)]
+    leaves, values, entries = [], [], []
+    for k, kind in enumerate(kinds):
+        if kind == "symbol":
+            leaf = sp.Symbol(f"s{k}")
+            symbols, value = [leaf], float(k) / 3
+        elif kind == "column":
+            leaf = sp.Matrix(sp.symbols(f"c{k}_0:3"))
+            symbols, value = list(leaf), np.arange(3.0) + k
+        elif kind == "matrix":
+            leaf = sp.Matrix(2, 2, sp.symbols(f"m{k}_0:4"))
+            symbols, value = list(leaf), np.arange(4.0).reshape(2, 2) - k
+        else:
+            leaf = sp.MatrixSymbol(f"M{k}", 2, 2)
+            symbols, value = list(sp.Matrix(leaf)), np.arange(4.0).reshape(2, 2) * 0.5 + k
+        leaves.append(leaf)
+        values.append(value)
+        entries.append((symbols, np.ravel(value)))
+    split = draw(st.integers(1, count - 1))
+    shape = draw(st.sampled_from(["dict", "nested", "list"]))
+    if shape == "dict":
+        tree = ({f"k{k}": leaf for k, leaf in enumerate(leaves)},
+                {f"k{k}": value for k, value in enumerate(values)})
+    elif shape == "nested":
+        tree = ({"a": {f"k{k}": leaf for k, leaf in enumerate(leaves[:split])},
+                 "b": list(leaves[split:])},
+                {"a": {f"k{k}": value for k, value in enumerate(values[:split])},
+                 "b": list(values[split:])})
+    else:
+        tree = (list(leaves), list(values))
+    return tree, entries
+
+
+@settings(max_examples=6, deadline=None)
+@given(parameter_trees(), st.booleans())
+def test_random_parameter_trees_give_the_values_of_one_argument_per_leaf(case, packed):
+    (params, values), entries = case
+    symbols = [s for leaf_symbols, _ in entries for s in leaf_symbols]
+    numbers = np.concatenate([numbers for _, numbers in entries])
+    weights = np.arange(1, len(symbols) + 1) / len(symbols)
+    expression = x * sum(w * s for w, s in zip(weights, symbols, strict=True)) \
+        + sp.cos(x) * symbols[-1] ** 2
+    saved = packing.PACK_FROM_LEAVES, packing.PACK_ARRAYS_FROM_LEAVES
+    try:
+        packing.PACK_FROM_LEAVES = packing.PACK_ARRAYS_FROM_LEAVES = 4 if packed else 10 ** 9
+        kernel = sk.build_function(expression, [x], params=params)
+    finally:
+        packing.PACK_FROM_LEAVES, packing.PACK_ARRAYS_FROM_LEAVES = saved
+    assert kernel.packs_parameters == packed
+    want = X[:, 0] * float(weights @ numbers) + np.cos(X[:, 0]) * numbers[-1] ** 2
+    np.testing.assert_allclose(kernel(X, values), want, rtol=1e-10)
+    np.testing.assert_allclose(kernel(X, values), want, rtol=1e-10)
+    grads = jax.grad(lambda ps: jnp.sum(kernel(X, ps)))(values)
+    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(
+        jax.tree_util.tree_map(jnp.asarray, values))
+    np.testing.assert_allclose(kernel.bind(values)(X), want, rtol=1e-10)
+    np.testing.assert_allclose(kernel.flat()(X, kernel.flatten(values)), want, rtol=1e-10)
