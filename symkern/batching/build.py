@@ -18,7 +18,12 @@ import numpy as np
 from symkern.batching.caching import active_cache, library_versions
 from symkern.batching.kernel import Kernel
 from symkern.batching.packing import packs
-from symkern.batching.program import KernelSignature, ScalarProgram
+from symkern.batching.program import (
+    KernelSignature,
+    ScalarProgram,
+    complex_kernel_dtype,
+    entry_dtypes,
+)
 from symkern.codegen.arrays import any_needs_array_program
 from symkern.codegen.cache import cache_key
 from symkern.codegen.emit import implemented_functions
@@ -49,27 +54,36 @@ from symkern.symbolic.structured import StructuredNetwork
 logger = logging.getLogger("symkern")
 
 
-def resolve_dtype(dtype: Any) -> np.dtype:
-    """`None` → JAX's default float (float32, or float64 under jax_enable_x64)."""
+#: the dtypes a kernel computes in
+KERNEL_DTYPES = tuple(map(np.dtype, ("float32", "float64", "complex64", "complex128")))
+#: ... those of them that need jax_enable_x64
+WIDE_DTYPES = (np.dtype("float64"), np.dtype("complex128"))
+
+
+def resolve_dtype(dtype: Any, imaginary: bool = False) -> np.dtype:
+    """`None` → JAX's default float (float32, or float64 under jax_enable_x64), or its
+    complex type (complex64, complex128) for equations that hold the imaginary unit."""
     if dtype is None:
-        return np.dtype(jnp.result_type(float))
+        return np.dtype(jnp.result_type(complex if imaginary else float))
     try:
         resolved = np.dtype(dtype)
     except TypeError as error:
         raise BuildError(f"dtype: expected a floating dtype such as 'float32', got {dtype!r}") from error
-    if resolved not in (np.dtype("float32"), np.dtype("float64")):
-        raise BuildError(f"dtype: expected float32 or float64, got {resolved.name}")
-    if resolved == np.dtype("float64") and not jax.config.jax_enable_x64:
+    if resolved not in KERNEL_DTYPES:
+        raise BuildError("dtype: expected float32, float64, complex64 or complex128, got "
+                         f"{resolved.name}")
+    if resolved in WIDE_DTYPES and not jax.config.jax_enable_x64:
         raise BuildError(
-            "dtype: float64 needs jax.config.update('jax_enable_x64', True) before building; "
-            "without it JAX computes in float32"
+            f"dtype: {resolved.name} needs jax.config.update('jax_enable_x64', True) before "
+            f"building; without it JAX computes in {'complex64' if resolved.kind == 'c' else 'float32'}"
         )
     return resolved
 
 
-def _split_program(generated, functions, data, dtype, const_count,
+def _split_program(generated, functions, data, kernel_dtype, dtypes, const_count,
                    cache_key: str | None = None) -> SplitProgram | None:
-    """The pieces of a body the `split` pass marked (symkern.kernels.split), else None."""
+    """The pieces of a body the `split` pass marked (symkern.kernels.split), else None.
+    `dtypes`: each entry's (`entry_dtypes`), None in a complex kernel."""
     if generated.form != PIECES:
         return None
     cache = active_cache()
@@ -79,13 +93,17 @@ def _split_program(generated, functions, data, dtype, const_count,
     rank = len(data[0].shape) if data else 0
 
     def finish(entries: tuple, arguments: tuple) -> tuple:
-        # what Kernel._compute does to the entries: the kernel's dtype, the batch shape
+        # what Kernel._compute does to the entries: each entry's dtype, the batch shape
         if data:
             first = arguments[const_count]
             batch = tuple(first.shape)[: first.ndim - rank]
         else:
             batch = ()
-        return tuple(jnp.broadcast_to(jnp.asarray(e, dtype), batch) for e in entries)
+        if dtypes is None:  # a complex kernel's: the kind JAX computed each in
+            return tuple(jnp.broadcast_to(jnp.asarray(e, complex_kernel_dtype(
+                jnp.result_type(e), kernel_dtype)), batch) for e in entries)
+        return tuple(jnp.broadcast_to(jnp.asarray(e, dtype), batch)
+                     for e, dtype in zip(entries, dtypes, strict=True))
 
     return SplitProgram.from_module(generated.module, 10**9, max_operations=PIECE_OPERATIONS,
                                     functions=functions, finish=finish, workers=2, store=store)
@@ -181,14 +199,14 @@ def build_function(
 
         return build_array_function(eqs, *data_args, params=params, options=chosen,
                                     functions=functions)
-    resolved_dtype = resolve_dtype(chosen.dtype)
-    chosen = chosen.resolved(resolved_dtype)
     start = time.perf_counter()
     stopwatch = Stopwatch(progress=progress)
     data = [data_argument(arg, k + 1) for k, arg in enumerate(data_args)]
     parameters, treedef = parameter_arguments(params)
     check_unique_symbols(data + parameters)
     equations = equation_set(eqs)
+    resolved_dtype = resolve_dtype(chosen.dtype, chosen.dtype is None and equations.imaginary)
+    chosen = chosen.resolved(resolved_dtype)
     # lambdify's implemented_function: the implementation travels with the function
     functions = {**implemented_functions(equations.leaves), **functions}
     context = PassContext(chosen, len(data), tuple(spec.path for spec in parameters),
@@ -221,7 +239,9 @@ def build_function(
     generated = run_passes(generated, context, PASSES[CACHED_PASSES:])
     with stopwatch.stage("python_compile"):
         pieces = _split_program(generated, namespace_functions, data, resolved_dtype,
-                                len(const_args), cache_key)
+                                None if resolved_dtype.kind == "c"
+                                else entry_dtypes(equations, resolved_dtype), len(const_args),
+                                cache_key)
         # a split kernel's whole body serves traced calls only: compiled when one comes
         function = (compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
                     if pieces is None else

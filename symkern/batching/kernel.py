@@ -27,7 +27,7 @@ from symkern.errors import ArgumentError, DtypeMismatchError
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import example_arguments, export_function, save_file
 from symkern.kernels.options import kernel_jit
-from symkern.kernels.values import as_real_array
+from symkern.kernels.values import as_real_array, broadcast_data
 
 #: the assembly executable stacks a leaf of at most this many entries along a new leading
 #: axis and moves it last (a transpose), wider leaves along the last axis: from materialized
@@ -133,7 +133,8 @@ def call_direct(direct: Callable[..., Any], shapes: set, const_values: tuple,
 
 def check_dtype_policy(dtype: np.dtype) -> None:
     """A float64 kernel needs jax_enable_x64 now as when it was built."""
-    if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+    if np.dtype(dtype) in (np.dtype("float64"), np.dtype("complex128")) \
+            and not jax.config.jax_enable_x64:
         raise DtypeMismatchError(
             f"dtype: this kernel computes in {np.dtype(dtype).name}, which needs "
             "jax.config.update('jax_enable_x64', True); with x64 disabled JAX would "
@@ -145,8 +146,9 @@ class Kernel:
     """A batched, compiled evaluation of a set of SymPy equations.
 
     Call it as `kernel(*data, ps)` (or `kernel(*data)` without parameters). Each data
-    argument takes an array of shape `batch + per-sample shape`, all with the same batch
-    shape; the result has the equations' structure, each leaf shaped `batch + its shape`.
+    argument takes an array of shape `batch + per-sample shape`, the batch shapes
+    broadcasting together (NumPy's rules) to the call's batch; the result has the equations'
+    structure, each leaf shaped `batch + its shape` (bool for conditions).
     It is an ordinary JAX function: `jax.jit`, `jax.grad` and `jax.vmap` go through it.
 
     >>> import sympy as sp, symkern as sk
@@ -339,7 +341,7 @@ class Kernel:
                         for spec, shape in zip(self.signature.data, map(np.shape, arrays), strict=True)
                         if not (spec.matrix_symbols and spec.declared_shape != spec.shape)
                         and len(shape) >= len(spec.shape)), None)
-        batch = None
+        batches: list[tuple[int, ...]] = []
         for k, spec in enumerate(self.signature.data):
             array = arrays[k]
             shape = tuple(np.shape(array))
@@ -352,22 +354,18 @@ class Kernel:
                 shape = shape[:-2] + spec.shape
                 array = array.reshape(shape)
             rank = len(spec.shape)
+            if not shape and math.prod(spec.shape) == 1:  # one number for a 1×1 argument
+                shape = spec.shape
+                array = array.reshape(shape)
             if len(shape) < rank or shape[len(shape) - rank:] != spec.shape:
                 also = f" or {_shape_text(('...',) + declared)}" if vector_symbol else ""
                 raise ArgumentError(
                     f"{spec.label}: expected shape {_shape_text(('...',) + spec.shape)}{also}, "
                     f"got {_shape_text(shape)}"
                 )
-            this_batch = shape[: len(shape) - rank]
-            if batch is None:
-                batch = this_batch
-            elif this_batch != batch:
-                raise ArgumentError(
-                    f"{spec.label}: batch shape {_shape_text(this_batch)} differs from x1's "
-                    f"{_shape_text(batch)}; all data arguments share one batch shape"
-                )
             arrays[k] = array
-        return tuple(arrays)
+            batches.append(shape[: len(shape) - rank])
+        return broadcast_data(arrays, batches, [spec.label for spec in self.signature.data])
 
     def check_parameters(self, ps: Any) -> tuple[Any, ...]:
         if not self.signature.has_parameters:
@@ -386,7 +384,8 @@ class Kernel:
             if not (isinstance(value, jax.Array) and value.dtype == self.dtype
                     and value.shape == spec.shape):
                 value = self._as_array(value, spec.label)
-                if tuple(np.shape(value)) == spec.declared_shape != spec.shape:
+                if (tuple(np.shape(value)) == spec.declared_shape != spec.shape
+                        or not np.shape(value) and math.prod(spec.shape) == 1):
                     value = value.reshape(spec.shape)
                 if tuple(np.shape(value)) != spec.shape:
                     raise ArgumentError(f"{spec.label}: expected shape {_shape_text(spec.shape)}, "
@@ -527,8 +526,9 @@ class Kernel:
 
     def _assembly_job(self, batch_shape: tuple[int, ...]) -> tuple:
         """`_fused_job` for the assembly executable: one entry per scalar of each leaf."""
-        entries = tuple(jax.ShapeDtypeStruct(shape, self.dtype)
-                        for shape in self.program.entry_shapes(batch_shape))
+        entries = tuple(jax.ShapeDtypeStruct(shape, dtype)
+                        for shape, dtype in zip(self.program.entry_shapes(batch_shape),
+                                                self.program.entry_dtypes, strict=True))
         return (self._assemble_top, ("assembly", batch_shape), (entries,), False)
 
     def _run_job(self, job: tuple, shapes: set, register: bool) -> Any:

@@ -9,6 +9,7 @@ and the structured-network kernel call these and nothing else of one another.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,23 @@ class KernelSignature:
     @property
     def has_parameters(self) -> bool:
         return bool(self.parameters) if self.takes_parameters is None else self.takes_parameters
+
+
+def entry_dtypes(equations: EquationSet, dtype: np.dtype) -> tuple[np.dtype, ...]:
+    """The dtype of each scalar entry of `equations`: bool for the entries of a condition
+    leaf (`x > 0`, a Matrix of conditions), `dtype` for every other."""
+    boolean = np.dtype(bool)
+    return tuple(boolean if is_boolean else np.dtype(dtype)
+                 for is_boolean, shape in zip(equations.boolean, equations.shapes, strict=True)
+                 for _ in range(math.prod(shape)))
+
+
+def complex_kernel_dtype(computed: np.dtype, dtype: np.dtype) -> np.dtype:
+    """What an entry JAX computed in `computed` is returned as by a kernel of complex
+    `dtype`: bool stays bool, a complex value takes `dtype`, a real one its real part's."""
+    if computed == np.dtype(bool):
+        return computed
+    return np.dtype(dtype) if np.dtype(computed).kind == "c" else np.finfo(dtype).dtype
 
 
 def _subscriptable(treedef: Any) -> bool:
@@ -80,6 +98,22 @@ class ScalarProgram:
     @property
     def dtype(self) -> np.dtype:
         return self.signature.dtype
+
+    @functools.cached_property
+    def entry_dtypes(self) -> tuple[np.dtype, ...]:
+        """Each entry's dtype: in a real kernel `entry_dtypes`' (bool for conditions, the
+        kernel's otherwise); in a complex kernel the kind JAX computes it in at the kernel's
+        precision, as NumPy's lambdify does (`Abs(z)`, `re(z)` real, `z**2` complex)."""
+        if self.dtype.kind != "c":
+            return entry_dtypes(self.equations, self.dtype)
+        specs = (tuple(jax.ShapeDtypeStruct(np.shape(c), c.dtype) for c in self.const_values),
+                 tuple(jax.ShapeDtypeStruct(spec.shape, self.dtype)
+                       for spec in self.signature.data),
+                 tuple(jax.ShapeDtypeStruct(spec.shape, self.dtype)
+                       for spec in self.signature.parameters))
+        traced = jax.eval_shape(
+            lambda *given: tuple(self.function(*self.arguments(*given))), *specs)
+        return tuple(complex_kernel_dtype(entry.dtype, self.dtype) for entry in traced)
 
     @property
     def entry_count(self) -> int:
@@ -128,8 +162,9 @@ class ScalarProgram:
         """Every scalar entry of every equation, each shaped like the batch."""
         arguments = self.arguments(const_args, data, parameter_leaves)
         batch_shape = self.batch_shape(data)
-        return tuple(jnp.broadcast_to(jnp.asarray(entry, self.dtype), batch_shape)
-                     for entry in self.function(*arguments))
+        return tuple(jnp.broadcast_to(jnp.asarray(entry, dtype), batch_shape)
+                     for entry, dtype in zip(self.function(*arguments), self.entry_dtypes,
+                                             strict=True))
 
     def assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
         """Entries → the equations' structure, each array leaf shaped `batch + its shape`.
@@ -256,6 +291,7 @@ class StructuredProgram(ScalarProgram):
         self.layout = layout
         self.needs_assembly = layout.needs_assembly
         self.tile_chunk = tile_chunk
+        self.entry_dtypes = (np.dtype(self.dtype),) * self.entry_count
 
     @property
     def entry_count(self) -> int:

@@ -1,7 +1,8 @@
 """codegen, documentation: docs/coverage.md, generated from the callee table.
 
-Imports symkern.codegen.callee and symkern.codegen.special. `python -m symkern.codegen.coverage`
-prints the page; tests/codegen/test_coverage_doc.py checks that the committed page is it.
+Imports symkern.codegen.callee, symkern.codegen.emit and symkern.codegen.special.
+`python -m symkern.codegen.coverage` prints the page; tests/codegen/test_coverage_doc.py
+checks that the committed page is it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import inspect
 
 from symkern.codegen import special
 from symkern.codegen.callee import CALLEE_TABLE, COMPOSITE_SYMPY, REFUSED_SYMPY
+from symkern.codegen.emit import UNROLL_MAX_TERMS
 
 #: where the committed page lives, relative to the repository root
 PAGE = "docs/coverage.md"
@@ -65,8 +67,21 @@ def coverage_page() -> str:
     lines += ["", "Any other SymPy function is refused the same way, naming the nearest "
               "supported functions. Undefined functions (`sp.Function(\"f\")`) take their "
               "implementation from `functions=`; unevaluated `Integral` and `Derivative` "
-              "are refused with `.doit()` as the route.", ""]
+              "are refused with `.doit()` as the route.", "", _FORMS]
     return "\n".join(lines)
+
+
+_FORMS = f"""## Forms beyond functions
+
+- Conditions (relationals, `And`, `Or`, `Not`, `Xor`, `ITE`, `true`/`false`) as equations,
+  alone or in a Matrix, are bool arrays; an `ITE` is written in negation normal form.
+- `Sum` and `Product` are written out term by term (at most {UNROLL_MAX_TERMS:,} terms): over integer
+  bounds, or up to the largest value of a bound that reads a parameter, stated with `Min`
+  (`Sum(f, (k, 0, Min(n, 100)))`; a lower bound `Max(m, 0)`), the terms outside the bounds
+  masked by a `Piecewise`. A bound with no largest value is refused with that route.
+- The imaginary unit `I` makes a complex kernel (complex64 / complex128); each output is
+  real or complex as JAX computes it. With a real `dtype=` it is refused.
+"""
 
 
 if __name__ == "__main__":

@@ -184,21 +184,42 @@ UNEVALUATED = (sp.Sum, sp.Product, sp.Integral, sp.Derivative)
 UNROLL_MAX_TERMS = 10_000
 
 
-def _terms(function: sp.Basic, limits: Sequence[tuple]) -> list[sp.Basic] | None:
+def static_bound(bound: sp.Basic, largest: bool) -> int | None:
+    """The largest (or smallest) value a Sum's bound takes, known at build: an integer, or
+    the integer in `Min(n, 100)` (`Max(m, 0)` for a lower bound) that bounds a parameter."""
+    if isinstance(bound, sp.Integer):
+        return int(bound)
+    if isinstance(bound, sp.Min if largest else sp.Max):
+        numbers = [int(arg) for arg in bound.args if isinstance(arg, sp.Integer)]
+        if numbers:
+            return min(numbers) if largest else max(numbers)
+    return None
+
+
+def _terms(function: sp.Basic, limits: Sequence[tuple], neutral: sp.Basic
+           ) -> list[sp.Basic] | None:
     """The terms of a sum or product over `limits` (innermost first, as SymPy keeps them;
-    inner bounds may read outer indices), or None when a bound is not an integer."""
+    inner bounds may read outer indices), or None when a bound has no value known at build
+    (`static_bound`). Where a bound reads a parameter, each term is masked:
+    `Piecewise((term, low <= k <= high), (neutral, True))`."""
     if not limits:
         return [function]
     (variable, low, high), inner = limits[-1], limits[:-1]
-    if not (isinstance(low, sp.Integer) and isinstance(high, sp.Integer)):
+    first, last = static_bound(low, largest=False), static_bound(high, largest=True)
+    if first is None or last is None:
         return None
+    masked = not (isinstance(low, sp.Integer) and isinstance(high, sp.Integer))
     terms: list[sp.Basic] = []
-    for k in range(int(low), int(high) + 1):
+    for k in range(first, last + 1):
         value = {variable: sp.Integer(k)}
         found = _terms(function.xreplace(value),
-                       [(v, lo.xreplace(value), hi.xreplace(value)) for v, lo, hi in inner])
+                       [(v, lo.xreplace(value), hi.xreplace(value)) for v, lo, hi in inner],
+                       neutral)
         if found is None:
             return None
+        if masked:
+            inside = sp.And(low <= k, sp.Integer(k) <= high)
+            found = [sp.Piecewise((term, inside), (neutral, True)) for term in found]
         terms.extend(found)
         if len(terms) > UNROLL_MAX_TERMS:
             return terms
@@ -206,9 +227,11 @@ def _terms(function: sp.Basic, limits: Sequence[tuple]) -> list[sp.Basic] | None
 
 
 def unroll_sums(exprs: list[Any], nodes: Sequence[sp.Basic]) -> list[Any]:
-    """Every unevaluated `Sum`/`Product` whose bounds are integers at build, written out
-    term by term (nested ones too, once the outer index is a number). The same list object
-    when there are none; a BuildError beyond UNROLL_MAX_TERMS terms.
+    """Every unevaluated `Sum`/`Product` whose bounds are known at build, written out term
+    by term (nested ones too, once the outer index is a number): integer bounds, or a bound
+    reading a parameter with its largest value stated (`Min(n, 100)`, `static_bound`),
+    whose terms past it are masked. The same list object when there are none; a
+    BuildError beyond UNROLL_MAX_TERMS terms.
 
     >>> i, x = sp.symbols("i x")
     >>> unroll_sums([sp.Sum(x**i, (i, 1, 3))], [sp.Sum(x**i, (i, 1, 3))])
@@ -219,7 +242,8 @@ def unroll_sums(exprs: list[Any], nodes: Sequence[sp.Basic]) -> list[Any]:
     written = [0]
 
     def unroll(node: sp.Basic) -> sp.Basic:
-        terms = _terms(node.function, node.limits)
+        terms = _terms(node.function, node.limits,
+                       sp.S.Zero if isinstance(node, sp.Sum) else sp.S.One)
         if terms is None:
             return node
         written[0] += len(terms)
@@ -239,6 +263,20 @@ def unroll_sums(exprs: list[Any], nodes: Sequence[sp.Basic]) -> list[Any]:
     return changed
 
 
+def without_ite(leaves: list[Any]) -> list[Any]:
+    """Every `ITE(a, b, c)` in negation normal form (`(~a | b) & (a | c)`), which prints as
+    elementwise logic: SymPy's printer writes an ITE as a Piecewise of conditions, a select
+    with a NaN default. The same list object when they hold none."""
+    if not any(isinstance(node, ITE) for node in walk(leaves)):
+        return leaves
+
+    def rewrite(expr: sp.Basic) -> sp.Basic:
+        return expr.replace(lambda e: isinstance(e, ITE), lambda e: e.to_nnf())
+
+    return [leaf.applyfunc(rewrite) if isinstance(leaf, (sp.MatrixBase, sp.NDimArray))
+            else rewrite(leaf) for leaf in leaves]
+
+
 def without_dirac_delta(exprs: list[Any], nodes: Sequence[sp.Basic] | None = None) -> list[Any]:
     """`exprs` with every `DiracDelta` as 0: its value wherever it has one, and what JAX's
     derivatives give (the second derivative of a relu or Heaviside network). `nodes`: their
@@ -248,8 +286,10 @@ def without_dirac_delta(exprs: list[Any], nodes: Sequence[sp.Basic] | None = Non
     return [expr.xreplace(deltas) for expr in exprs] if deltas else exprs
 
 
-def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) -> list[str]:
-    """Unsupported SymPy functions raise; undefined ones must be in `functions`."""
+def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object],
+                    complex_values: bool = False) -> list[str]:
+    """Unsupported SymPy functions raise; undefined ones must be in `functions`; the
+    imaginary unit needs a complex kernel (`complex_values`)."""
     undefined: dict[str, None] = {}
     for node in nodes:
         if node is sp.zoo:
@@ -257,11 +297,13 @@ def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) 
                 "eqs: complex infinity (zoo, e.g. from 1/0) has no real value; "
                 "remove the division by zero or use Piecewise"
             )
-        if node is sp.I:
+        if node is sp.I and not complex_values:
             raise BuildError(
-                "eqs: the imaginary unit I has no value in a kernel, which computes in real "
-                "numbers; rewrite the expression in real form first (e.g. a root from "
-                "sp.solve written with I: solve over real symbols, or take sp.re(...) and simplify)"
+                "eqs: the imaginary unit I has no value in a real kernel (dtype float32 or "
+                "float64), which computes in real numbers; leave dtype out or pass "
+                "dtype='complex128' for a complex kernel, or rewrite the expression in real "
+                "form first (e.g. a root from sp.solve written with I: solve over real "
+                "symbols, or take sp.re(...) and simplify)"
             )
         if isinstance(node, NetworkFunction):
             raise BuildError(
@@ -280,9 +322,10 @@ def check_functions(nodes: Sequence[sp.Basic], functions: Mapping[str, object]) 
             )
         if isinstance(node, (sp.Sum, sp.Product)):
             raise UnsupportedFunctionError(
-                f"eqs: unevaluated {type(node).__name__} {node} has bounds that are not "
-                "integers at build; find its closed form (.doit()) or substitute numbers "
-                "for its bounds (a sum over integer bounds is written out)"
+                f"eqs: unevaluated {type(node).__name__} {node} has a bound with no largest "
+                "value known at build; a bound given as an integer parameter n needs one: "
+                "write it as Min(n, 100) (a lower bound m as Max(m, 0)), and the terms up to "
+                "100 are written out, those past n masked; or find its closed form (.doit())"
             )
         if isinstance(node, UNEVALUATED):
             raise UnsupportedFunctionError(
@@ -444,12 +487,14 @@ def emit(
     functions: Mapping[str, object] | None = None,
     stopwatch: Stopwatch | None = None,
     share_pairs: bool = True,
+    complex_values: bool = False,
 ) -> EmittedCode:
     """Print the per-sample function for `equations`, one positional argument per spec.
 
     User symbols are replaced by generated names before printing, so nothing a user
     named ever becomes code. `share_pairs=False` keeps CSE from merging common sub-sums
     and sub-products at any size (a body compiled as one executable, `split=False`).
+    `complex_values`: a complex kernel's, where the imaginary unit has a value.
 
     >>> from symkern.symbolic.arguments import data_argument, equation_set
     >>> x, y = sp.symbols("x y")
@@ -460,7 +505,7 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    written = list(equations.leaves)
+    written = without_ite(list(equations.leaves))
     written = unroll_sums(written, list(walk(written)))
     written, arguments = bind_entries(written, arguments)
     written, overridden = override_functions(written, functions)
@@ -469,7 +514,8 @@ def emit(
     if leaves is not written:
         nodes = list(walk(leaves))
     undefined = check_functions(
-        nodes, {**functions, **{name: functions[key] for name, key in overridden.items()}})
+        nodes, {**functions, **{name: functions[key] for name, key in overridden.items()}},
+        complex_values)
     _check_free_symbols(nodes, arguments)
 
     substitutions: dict[sp.Basic, sp.Basic] = {}

@@ -15,7 +15,7 @@ import numpy as np
 from symkern.codegen import rules
 from symkern.codegen.emit import EmittedCode, emit
 from symkern.codegen.stopwatch import Stopwatch
-from symkern.symbolic.arguments import ArgumentSpec, EquationSet
+from symkern.symbolic.arguments import ArgumentSpec, EquationSet, matrices_of_conditions
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ def generate(
 ) -> GeneratedCode:
     """Emit the per-sample code for `equations`, then apply every rule in order."""
     stopwatch = stopwatch or Stopwatch(progress=False)
-    emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch,
-                   share_pairs=share_pairs)
+    with matrices_of_conditions():
+        emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch,
+                       share_pairs=share_pairs, complex_values=np.dtype(dtype).kind == "c")
     hoisted: list[rules.HoistedLiteral] = []
     with stopwatch.stage("rewrite"):
         module = ast.parse(emitted.source)  # the rules rewrite their own copy

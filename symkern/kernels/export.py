@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap, sequential_vmap
 
 from symkern.errors import ArgumentError, ConstArgsError, DtypeMismatchError
-from symkern.kernels.values import as_real_array
+from symkern.kernels.values import as_real_array, broadcast_data
 
 MAGIC = b"SYMKERN-EXPORT\n"
 #: 2: the header holds a digest over itself and the program
@@ -30,9 +31,10 @@ FORMAT = 2
 #: the one-file form (`kernel.save`): an .npz archive of the blob, the const args, a manifest
 SAVED_FORMAT = 1
 SAVED_KIND = "symkern kernel"
-#: the dtypes a header may name (kernels compute in float32 or float64; const args may be
-#: index tables)
-_DTYPES = frozenset({"float32", "float64", "int32", "int64", "uint8", "bool"})
+#: the dtypes a kernel computes in
+KERNEL_DTYPES = ("float32", "float64", "complex64", "complex128")
+#: the dtypes a header may name (a kernel's; const args may be index tables)
+_DTYPES = frozenset({*KERNEL_DTYPES, "int32", "int64", "uint8", "bool"})
 
 
 def _spec(array: Any) -> dict[str, Any]:
@@ -166,6 +168,7 @@ class LoadedKernel:
                                 f"got {len(args)} argument(s)")
         data = tuple(jnp.asarray(as_real_array(a, f"x{k + 1}", self.dtype))
                      for k, a in enumerate(args[:count]))
+        data = self._broadcast(data)
         for k, (array, spec) in enumerate(zip(data, self.header["data"], strict=True)):
             expected = spec["shape"]
             if len(array.shape) != len(expected) or any(
@@ -183,6 +186,19 @@ class LoadedKernel:
             return jax.tree_util.tree_map(
                 lambda leaf: leaf[tuple(slice(0, n) for n in batch)], out)
         return self._call(self.const_args, data, ps)
+
+    def _broadcast(self, data: tuple) -> tuple:
+        """Data arrays broadcast to one batch shape (`broadcast_data`), where each has at
+        least its per-sample rank; one number for a 1×1 argument taken as its one entry."""
+        specs = self.header["data"]
+        per_sample = [[d for d in spec["shape"] if d is not None] for spec in specs]
+        data = tuple(array.reshape(shape) if not array.shape and math.prod(shape) == 1
+                     else array for array, shape in zip(data, per_sample, strict=True))
+        if any(array.ndim < len(shape) for array, shape in zip(data, per_sample, strict=True)):
+            return data  # the shape check names it
+        batches = [tuple(array.shape[:array.ndim - len(shape)])
+                   for array, shape in zip(data, per_sample, strict=True)]
+        return broadcast_data(data, batches, [f"x{k + 1}" for k in range(len(data))])
 
     @property
     def _call(self) -> Any:
@@ -206,8 +222,9 @@ class LoadedKernel:
         for label, leaf, shape in zip(labels, leaves, self._ps_shapes, strict=True):
             array = jnp.asarray(as_real_array(leaf, label, self.dtype))
             if array.shape != shape:
-                if len(shape) == 1 and array.shape == (shape[0], 1):
-                    array = array.reshape(shape)  # an m x 1 leaf given as a column
+                if (len(shape) == 1 and array.shape == (shape[0], 1)
+                        or not array.shape and math.prod(shape) == 1):
+                    array = array.reshape(shape)  # an m x 1 leaf given as a column, or 1 x 1 as one number
                 else:
                     raise ArgumentError(f"{label}: expected shape {shape}, got {array.shape}")
             arrays.append(array)
@@ -244,7 +261,7 @@ def _checked_header(header: Any) -> dict[str, Any]:
 
     text, dtype = (lambda v: isinstance(v, str)), (lambda v: v in _DTYPES)
     checks = {
-        "dtype": lambda v: v in ("float32", "float64"),
+        "dtype": lambda v: v in KERNEL_DTYPES,
         "x64": lambda v: isinstance(v, bool),
         "const_args": lambda v: entries(v, {"name": text, "origin": text, "shape": shape,
                                             "dtype": dtype}),

@@ -1,10 +1,12 @@
-"""kernels: a caller's argument values as real arrays of a kernel's dtype, checked the same
-way for built, bound and loaded kernels. Imports jax, numpy, sympy and symkern.errors.
+"""kernels: a caller's argument values as real arrays of a kernel's dtype, and data arrays
+broadcast to one batch shape, checked the same way for built, bound and loaded kernels.
+Imports jax, numpy, sympy and symkern.errors.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -23,6 +25,23 @@ def real_dtype(dtype: np.dtype) -> bool:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else f"{type(value).__name__} of {len(text)} characters"
+
+
+def _complex_number(value: Any, label: str) -> complex:
+    """One element of an object array as a complex number (a complex kernel's input)."""
+    if isinstance(value, sp.Basic):
+        if not value.is_number:
+            raise ArgumentError(f"{label}: expected numbers, got the SymPy expression "
+                                f"{_shown(value)}, which has free symbols")
+        try:
+            return complex(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ArgumentError(f"{label}: expected complex numbers, got {_shown(value)}, "
+                                "which has no complex128 value") from None
+    if not isinstance(value, numbers.Complex):
+        raise ArgumentError(f"{label}: expected an array of complex numbers, got "
+                            f"{type(value).__name__} {_shown(value)}")
+    return complex(value)
 
 
 def _real_number(value: Any, label: str) -> float:
@@ -62,8 +81,11 @@ def as_real_array(value: Any, label: str, dtype: np.dtype) -> Any:
     numpy array cast on the host (jit takes numpy arguments without a separate device
     conversion). Bool, integers and floats of any width are accepted, longdouble too
     (cast down to `dtype`); strings, None, objects, ragged lists and complex numbers are
-    refused: `"2"` is not 2.0.
+    refused: `"2"` is not 2.0. A complex `dtype` (a complex kernel) takes complex numbers
+    too.
     """
+    if np.dtype(dtype).kind == "c":
+        return _as_complex_array(value, label, dtype)
     if isinstance(value, jax.Array):  # device arrays and tracers
         if not real_dtype(value.dtype):
             raise ArgumentError(f"{label}: expected real numbers, got dtype {value.dtype.name}")
@@ -85,3 +107,69 @@ def as_real_array(value: Any, label: str, dtype: np.dtype) -> Any:
     if not real_dtype(array.dtype):
         raise ArgumentError(f"{label}: expected real numbers, got dtype {array.dtype.name}")
     return array if array.dtype == dtype else array.astype(dtype)
+
+
+def _as_complex_array(value: Any, label: str, dtype: np.dtype) -> Any:
+    """`as_real_array` for a complex kernel: real and complex numbers, cast to `dtype`."""
+    def allowed(kind: np.dtype) -> bool:
+        return real_dtype(kind) or kind.kind == "c"
+
+    if isinstance(value, jax.Array):
+        if not allowed(value.dtype):
+            raise ArgumentError(f"{label}: expected numbers, got dtype {value.dtype.name}")
+        return value if value.dtype == dtype else value.astype(dtype)
+    if isinstance(value, (list, tuple)) and any(
+            isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
+        return _as_complex_array(jnp.asarray(value), label, dtype)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as error:
+        ragged = "a ragged " if isinstance(value, (list, tuple)) else ""
+        raise ArgumentError(f"{label}: expected an array of numbers, got {ragged}"
+                            f"{type(value).__name__}") from error
+    if array.dtype.kind == "O":
+        array = np.array([_complex_number(v, label) for v in array.flat],
+                         np.complex128).reshape(array.shape)
+    if not allowed(array.dtype):
+        raise ArgumentError(f"{label}: expected numbers, got dtype {array.dtype.name}")
+    return array if array.dtype == dtype else array.astype(dtype)
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _broadcasts(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
+    try:
+        np.broadcast_shapes(first, second)
+    except ValueError:
+        return False
+    return True
+
+
+def broadcast_data(arrays: Sequence[Any], batches: Sequence[tuple[int, ...]],
+                   labels: Sequence[str]) -> tuple[Any, ...]:
+    """Data arrays broadcast to one batch shape, NumPy's broadcast of their batch shapes
+    `batches` (`f(a, X)` with `a` one sample and `X` a batch); an ArgumentError naming two
+    arguments whose batch shapes do not broadcast."""
+    if all(shape == batches[0] for shape in batches):  # also symbolic sizes (jax.export)
+        return tuple(arrays)
+    batch: tuple[int, ...] = ()
+    for k, shape in enumerate(batches):
+        try:
+            batch = np.broadcast_shapes(batch, shape)
+        except ValueError:
+            # the broadcast so far conflicts with `shape` where one earlier argument does
+            other = next(j for j in range(k) if not _broadcasts(batches[j], shape))
+            raise ArgumentError(
+                f"{labels[k]}: batch shape {_shape_text(shape)} does not broadcast with "
+                f"{labels[other]}'s {_shape_text(batches[other])}; the data arguments' batch "
+                "shapes must broadcast together (NumPy's rules)") from None
+    out = []
+    for array, shape in zip(arrays, batches, strict=True):
+        if shape != batch:
+            full = batch + tuple(np.shape(array))[len(shape):]
+            array = (jnp.broadcast_to(array, full) if isinstance(array, jax.Array)
+                     else np.broadcast_to(array, full))
+        out.append(array)
+    return tuple(out)

@@ -5,8 +5,10 @@ Imports sympy, numpy, jax.tree_util and symkern.errors; nothing else of symkern.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ import sympy as sp
 from sympy.core.function import AppliedUndef
 from sympy.logic.boolalg import BooleanAtom, BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
+from sympy.utilities.exceptions import SymPyDeprecationWarning
 
 from symkern.errors import BuildError
 
@@ -278,6 +281,18 @@ class EquationSet:
             start += count
         raise IndexError(position)
 
+    @property
+    def boolean(self) -> tuple[bool, ...]:
+        """Per leaf, whether it is a condition or an array of conditions only (a bool
+        result); a Matrix mixing conditions and numbers is numeric, as NumPy's array of
+        both is."""
+        return tuple(all(map(is_boolean, _leaf_entries(leaf))) for leaf in self.leaves)
+
+    @property
+    def imaginary(self) -> bool:
+        """Whether an equation holds the imaginary unit `I` (a complex kernel by default)."""
+        return any(leaf.has(sp.I) for leaf in self.leaves)
+
     def entries(self) -> list[sp.Basic]:
         """Every scalar entry of every equation, in row-major order."""
         out: list[sp.Basic] = []
@@ -287,6 +302,14 @@ class EquationSet:
             else:
                 out.append(leaf)
         return out
+
+
+def _leaf_entries(leaf: sp.Basic) -> list[sp.Basic]:
+    if isinstance(leaf, sp.NDimArray):
+        return list(sp.flatten(leaf.tolist()))
+    if isinstance(leaf, sp.MatrixBase):
+        return list(leaf)
+    return [leaf]
 
 
 def _equation_leaf(leaf: Any, where: str) -> tuple[sp.Basic, Shape]:
@@ -304,7 +327,9 @@ def _equation_leaf(leaf: Any, where: str) -> tuple[sp.Basic, Shape]:
         rows, cols = leaf.shape
         if rows == 0 or cols == 0:
             raise BuildError(f"eqs{where}: expected a non-empty Matrix, got shape {leaf.shape}")
-        return sp.ImmutableMatrix(leaf), _matrix_shape(rows, cols, vector_rows=False)
+        with matrices_of_conditions():
+            matrix = sp.ImmutableMatrix(leaf)
+        return matrix, _matrix_shape(rows, cols, vector_rows=False)
     if isinstance(leaf, sp.NDimArray):
         if leaf.rank() == 0:  # Array(expr): one value, a scalar equation
             return _equation_leaf(leaf[()], where)
@@ -318,12 +343,35 @@ def _equation_leaf(leaf: Any, where: str) -> tuple[sp.Basic, Shape]:
             f"eqs{where}: expected a SymPy expression, Matrix or Array, got "
             f"{type(leaf).__name__}"
         ) from error
-    if isinstance(expr, (sp.Rel, BooleanFunction, BooleanAtom)) or not isinstance(expr, sp.Expr):
+    if is_boolean(expr):
+        return expr, ()
+    if not isinstance(expr, sp.Expr):
         raise BuildError(
-            f"eqs{where}: expected a numeric SymPy expression, got {type(expr).__name__} {expr}; "
-            "use Piecewise to turn a condition into a value"
+            f"eqs{where}: expected a SymPy expression, a condition (x > 0, Eq, And, ...), a "
+            f"Matrix or an Array, got {type(expr).__name__} {expr}"
         )
     return expr, ()
+
+
+@contextlib.contextmanager
+def matrices_of_conditions() -> Iterator[None]:
+    """SymPy's deprecation warning for a Matrix holding conditions (`Matrix([x > 0])`) kept
+    quiet while symkern copies and rewrites one: the user's Matrix warned once already."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"\s*non-Expr objects in a Matrix",
+                                SymPyDeprecationWarning)
+        yield
+
+
+def is_boolean(expr: Any) -> bool:
+    """A condition: a relational (`x > 0`, `Eq(x, y)`), a function of conditions (`And`,
+    `Or`, `Not`, `Xor`, `ITE`) or `true`/`false`. A kernel returns it as a bool array.
+
+    >>> x = sp.Symbol("x")
+    >>> is_boolean(x > 0), is_boolean(sp.And(x > 0, x < 1)), is_boolean(x + 1)
+    (True, True, False)
+    """
+    return isinstance(expr, (sp.Rel, BooleanFunction, BooleanAtom))
 
 
 def equation_set(eqs: Any) -> EquationSet:

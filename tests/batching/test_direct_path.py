@@ -80,7 +80,7 @@ def test_a_new_signature_on_the_direct_path_is_checked_at_trace_time(kernel, mon
     ((np.ones((5, 2)), np.ones((5, 1)), {"a": 2.0, "W": np.ones((3, 3))}),
      r'ps\["W"\]: expected shape \(2, 2\), got \(3, 3\)'),
     ((np.ones((5, 2)), np.ones((5, 1)), {"a": 2.0}), "ps: expected a tree of the structure"),
-    ((np.ones((5, 2)), np.ones((4, 1)), PS), r"batch shape \(4,\) differs"),
+    ((np.ones((5, 2)), np.ones((4, 1)), PS), r"batch shape \(4,\) does not broadcast"),
     ((np.ones((5, 2)), np.ones((5, 2)), PS), r"expected shape \(\.\.\., 1\), got \(5, 2\)"),
     ((np.ones((5, 2)), np.ones((5, 1))), r"expected 3 argument\(s\)"),
     ((np.full((5, 2), "x"), np.ones((5, 1)), PS), "expected real numbers"),
@@ -115,7 +115,7 @@ def test_bound_and_flat_forms_take_the_direct_path_and_check(kernel):
     bound = kernel.bind(PS)
     np.testing.assert_allclose(bound(X, Y), reference(X, Y, PS), rtol=1e-14)
     np.testing.assert_allclose(bound(X, Y), reference(X, Y, PS), rtol=1e-14)
-    with pytest.raises(ArgumentError, match=r"batch shape \(4,\) differs"):
+    with pytest.raises(ArgumentError, match=r"batch shape \(4,\) does not broadcast"):
         bound(X, np.ones((4, 1)))
     flat = kernel.flat()
     theta = kernel.flatten(PS)
@@ -195,7 +195,7 @@ def test_separate_shapes_take_the_direct_path_too(monkeypatch):
 @pytest.mark.parametrize("args, message", [
     ((np.ones((100, 2)), np.ones((100, 1)), {"a": 2.0, "W": np.ones((3, 3))}),
      r'ps\["W"\]: expected shape \(2, 2\), got \(3, 3\)'),
-    ((np.ones((100, 2)), np.ones((99, 1)), PS), r"batch shape \(99,\) differs"),
+    ((np.ones((100, 2)), np.ones((99, 1)), PS), r"batch shape \(99,\) does not broadcast"),
     ((np.ones((100, 2)), np.ones((100, 1))), r"expected 3 argument\(s\)"),
     ((np.ones((100, 2)), np.ones((100, 1)), {"a": "2", "W": PS["W"]}), "expected real numbers"),
 ])
