@@ -112,12 +112,13 @@ def _join(buffer: list[tuple[Any, ...]]) -> tuple[Any, ...]:
                  for i in range(len(buffer[0])))
 
 
-def _check_array(value: Any, label: str, spec: Any) -> Any:
+def _check_array(value: Any, label: str, spec: Any, kinds: str = "biuf") -> Any:
     """`value` if it is an array of rows of `spec`'s per-sample shape (as given: before the
-    rows are blocked and padded, so an error shows the caller's shape)."""
+    rows are blocked and padded, so an error shows the caller's shape) whose dtype is of
+    `kinds` (complex too for a complex kernel: `_kinds`)."""
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         raise ArgumentError(f"{label}: expected an array, got {type(value).__name__}")
-    if np.dtype(value.dtype).kind not in "biuf":
+    if np.dtype(value.dtype).kind not in kinds:
         raise ArgumentError(f"{label}: expected real numbers, got dtype {np.dtype(value.dtype).name}")
     if np.ndim(value) == 0:
         raise ArgumentError(f"{label}: expected a leading (batch) axis to stream over, got a scalar")
@@ -127,14 +128,20 @@ def _check_array(value: Any, label: str, spec: Any) -> Any:
     return value
 
 
-def _pieces(source: Iterable[Any], specs: list[Any]) -> Iterator[tuple[Any, ...]]:
+def _kinds(dtype: np.dtype) -> str:
+    """The dtype kinds a kernel of `dtype` streams: real numbers, and complex ones into a
+    complex kernel (a complex value copied into a real block would lose its imaginary part)."""
+    return "biufc" if np.dtype(dtype).kind == "c" else "biuf"
+
+
+def _pieces(source: Iterable[Any], specs: list[Any], kinds: str) -> Iterator[tuple[Any, ...]]:
     labels = [spec.label for spec in specs]
     for index, item in enumerate(source):
         piece = tuple(item) if isinstance(item, (tuple, list)) else (item,)
         if len(piece) != len(labels):
             raise ArgumentError(f"source[{index}]: expected {len(labels)} data array(s) "
                                 f"({', '.join(labels)}), got {len(piece)}")
-        piece = tuple(_check_array(a, f"source[{index}] {spec.label}", spec)
+        piece = tuple(_check_array(a, f"source[{index}] {spec.label}", spec, kinds)
                       for a, spec in zip(piece, specs, strict=True))
         if len({int(np.shape(a)[0]) for a in piece}) > 1:
             raise ArgumentError(f"source[{index}]: the data arrays differ in length "
@@ -155,7 +162,7 @@ def _blocks(source: Any, specs: list[Any], chunk: int,
         if len(arrays) != len(labels):
             raise ArgumentError(f"source: the kernel takes {len(labels)} data arguments "
                                 f"({', '.join(labels)}); pass a tuple of that many arrays")
-        arrays = tuple(_check_array(a, f"source {spec.label}", spec)
+        arrays = tuple(_check_array(a, f"source {spec.label}", spec, _kinds(dtype))
                        for a, spec in zip(arrays, specs, strict=True))
         lengths = {int(a.shape[0]) for a in arrays}
         if len(lengths) > 1:
@@ -164,7 +171,7 @@ def _blocks(source: Any, specs: list[Any], chunk: int,
     if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
         raise ArgumentError("source: expected a numpy array, a memory-mapped .npy, or an iterable "
                             f"of chunks, got {type(source).__name__}")
-    return _rechunk(_pieces(source, specs), chunk, dtype), None
+    return _rechunk(_pieces(source, specs, _kinds(dtype)), chunk, dtype), None
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------

@@ -448,3 +448,22 @@ def test_a_body_compiled_in_pieces_keeps_each_entry_dtype(monkeypatch):
         np.testing.assert_allclose(result["wave"], np.exp(1j * values), rtol=1e-13)
         np.testing.assert_allclose(result["modulus"], np.abs(values), rtol=1e-13)
         np.testing.assert_array_equal(result["sign"], values.real > 0)
+
+
+def test_shard_and_stream_keep_bool_and_complex_outputs():
+    conditions = sk.build_function({"b": x > y, "f": x * y}, [x, y], dtype="float64")
+    data = _samples(10, seed=6)
+    out = {"b": np.zeros(10, bool), "f": np.zeros(10)}
+    for result in (conditions.shard()(data),
+                   conditions.stream(data, chunk=4, out=out, progress=False)):
+        assert result["b"].dtype == np.bool_
+        np.testing.assert_array_equal(result["b"], data[:, 0] > data[:, 1])
+    kernel = sk.build_function(sp.exp(sp.I * z), z)
+    zs = _complex_samples(10, 7)
+    np.testing.assert_allclose(kernel.shard()(zs), np.exp(1j * zs), rtol=1e-15)
+    streamed = np.concatenate(list(kernel.stream(zs, chunk=4, progress=False)))
+    assert streamed.dtype == np.complex128
+    np.testing.assert_allclose(streamed, np.exp(1j * zs), rtol=1e-15)
+    real = sk.build_function(z**2, z, dtype="float64")
+    with pytest.raises(sk.ArgumentError, match="expected real numbers, got dtype complex128"):
+        next(iter(real.stream(zs, chunk=4, progress=False)))
