@@ -105,10 +105,17 @@ class _KernelPrinter(JaxPrinter):
         return (f"{type(expr).__name__}("
                 f"{', '.join(self._print(argument) for argument in expr.args)})")
 
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        # each node prints with evaluation on (an Array's printer computes its indices
+        # with SymPy numbers), whatever the node above it turned off
+        with sp.core.parameters.evaluate(True):
+            return super()._print(expr, **kwargs)
+
     def _print_Mul(self, expr: sp.Mul) -> str:
         # the printer splits off a product's sign and coefficient and multiplies them back
         # (`_keep_coeff`); evaluated, that product runs SymPy's assumptions on every factor:
-        # 1.4 of the 1.7 s of printing a 1,000-operation nest of functions
+        # 1.4 of the 1.7 s of printing a 1,000-operation nest of functions. Its factors
+        # print through `_print`, evaluated again
         with sp.core.parameters.evaluate(False):
             return super()._print_Mul(expr)
 
