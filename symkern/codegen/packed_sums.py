@@ -1,7 +1,7 @@
 """codegen, stage 2 rule: long sums of scalar parameters as sums over the packed buffer.
 
-Imports ast and collections; nothing from jax (the rewritten code calls `ps.sum_slices`,
-which symkern.batching.packing implements).
+Imports ast, collections and symkern.codegen.rules; nothing from jax (the rewritten code
+calls `ps.sum_slices`, which symkern.batching.packing implements).
 
 Why: a kernel whose parameters are packed into one buffer (symkern.batching.packing) reads
 each scalar leaf as a slice of it. A sum of 10^5 such leaves (`x * Add(*p)`) is then 10^5
@@ -100,7 +100,7 @@ def sum_packed_parameters(module: ast.Module, scalar_offsets: dict[tuple, int]) 
         return 0
     function = functions[0]
     uses = Counter(node.id for node in ast.walk(function)
-                   if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load))
+                   if type(node) is ast.Name and type(node.ctx) is ast.Load)
     #: locals whose value is a sum of parameter entries only: their entries
     pure: dict[str, list[int]] = {}
     absorbed: set[str] = set()
