@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 #: samples evaluated together: the store of a chunk stays in cache and a group's
@@ -31,11 +32,19 @@ def store(rows: Sequence[Any], dtype: Any) -> Any:
 
 
 def scalars(values: Sequence[Any], arrays: Sequence[tuple[Any, tuple[int, ...]]],
-            dtype: Any) -> Any:
+            dtype: Any, numbers: Any = None, places: Sequence[int] = ()) -> Any:
     """Entries 0 (zero) and 1 (one), then `values`, then each (array, shape) raveled: the
-    kernel's scalars as one vector."""
-    head = jnp.stack([jnp.zeros((), dtype), jnp.ones((), dtype),
-                      *[jnp.asarray(value, dtype).reshape(()) for value in values]])
+    kernel's scalars as one vector. With `numbers` (the scalars that are numbers, one
+    array), `values` are the others, at positions `places` of `numbers`."""
+    pads = [jnp.zeros((), dtype), jnp.ones((), dtype)]
+    if numbers is not None:
+        body = jnp.asarray(numbers, dtype)
+        if places:
+            body = body.at[np.asarray(places)].set(
+                jnp.stack([jnp.asarray(value, dtype).reshape(()) for value in values]))
+        head = jnp.concatenate([jnp.stack(pads), body])
+    else:
+        head = jnp.stack([*pads, *[jnp.asarray(value, dtype).reshape(()) for value in values]])
     return jnp.concatenate([head, *[jnp.asarray(array, dtype).reshape(shape).ravel()
                                     for array, shape in arrays]])
 

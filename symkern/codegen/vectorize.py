@@ -43,7 +43,13 @@ import numpy as np
 
 from symkern.codegen.callee import VECTORIZABLE_TARGETS
 from symkern.codegen.operations import operation_count
-from symkern.codegen.rules import DATA_NAME, HoistedLiteral, kernel_function, return_statement
+from symkern.codegen.rules import (
+    DATA_NAME,
+    HoistedLiteral,
+    kernel_function,
+    literal_value,
+    return_statement,
+)
 
 ROW = ("r",)
 SCALAR = ("s",)
@@ -540,10 +546,23 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
         body.append(f"    _R = jnp.concatenate([_R, {', '.join(levels[level])}])")
     body.append(f"    return _R[{out_table}]")
     dtype_name = np.dtype(dtype).name
-    scalar_list = ", ".join(ast.unparse(node) for node in builder.scalars)
     row_list = ", ".join(ast.unparse(node) for node in builder.sources)
     array_list = ", ".join(f"({a}, {builder.parameter_shapes[a]!r})" for a in arrays)
-    body.append(f"_S = vec.scalars([{scalar_list}], [{array_list}], {dtype_name!r})")
+    # the numbers among the scalars are one const arg (a template's coefficients, the
+    # multipliers inside its functions): written as literals, each was a constant of the
+    # program, and a 20,000-term sum of one template with distinct numbers compiled them
+    # one by one; computed scalars (parameters, what reads only them) take their places
+    numbers = [literal_value(node) for node in builder.scalars]
+    if any(number is not None for number in numbers):
+        table = emitter.table(np.asarray([0 if n is None else n for n in numbers],
+                                         np.dtype(dtype)))
+        computed = [k for k, number in enumerate(numbers) if number is None]
+        scalar_list = ", ".join(ast.unparse(builder.scalars[k]) for k in computed)
+        body.append(f"_S = vec.scalars([{scalar_list}], [{array_list}], {dtype_name!r}, "
+                    f"numbers={table}, places={tuple(computed)!r})")
+    else:
+        scalar_list = ", ".join(ast.unparse(node) for node in builder.scalars)
+        body.append(f"_S = vec.scalars([{scalar_list}], [{array_list}], {dtype_name!r})")
     body.append(f"_R = vec.store([{row_list}], {dtype_name!r})")
     body.append(f"_O = vec.chunked({LEVELS}, _R)")
     returns, k = [], 0

@@ -173,11 +173,38 @@ def test_index_tables_are_arguments_and_parameters_never_recompile():
     kernel(data, [1.1, 1.2, 1.3])
     assert kernel.compilations == 1
     tables = [c for c in kernel.const_args if c.name.startswith("_v")]
-    assert tables and all(np.asarray(c.value).dtype.kind in "ib" for c in tables)
+    # index tables, and the numbers among the scalars in the kernel's dtype
+    assert tables and all(np.asarray(c.value).dtype.kind in "ib"
+                          or np.asarray(c.value).dtype == kernel.dtype for c in tables)
     # the tables are arguments of the lowered program, not constants inside it
     main = next(line for line in kernel.hlo(data, [0.1, 0.2, 0.3]).splitlines()
                 if "func.func public @main" in line)
     assert main.count("%arg") >= len(tables) + 2
+
+
+def _numbered_sum(terms: int) -> sp.Expr:
+    """One template whose terms differ only in numbers: coefficients, multipliers inside a
+    function, exponents."""
+    return sp.Add(*[sp.Float(0.5 + i / 1024) * X[i % 2] ** (i % 3 + 1)
+                    * sp.cos(i * X[(i + 1) % 2]) for i in range(1, terms + 1)])
+
+
+def test_the_numbers_of_a_template_are_one_argument_whatever_their_count():
+    data = np.random.default_rng(5).uniform(-1, 1, (5, 4))
+    sizes = {}
+    for terms in (60, 240):
+        expr = _numbered_sum(terms)
+        kernel = sk.build_function(expr, list(X), cse=False, dtype="float64", vectorize=True)
+        assert kernel.form == "vectorized"
+        numbers = [c for c in kernel.const_args if np.asarray(c.value).dtype == np.float64]
+        # distinct scalars are stored once: the coefficients and the multipliers
+        assert len(numbers) == 1 and np.asarray(numbers[0].value).size >= terms
+        assert "numbers=" in kernel.source and "0.50" not in kernel.source
+        want = sp.lambdify([X], expr, "numpy")(data.T)
+        np.testing.assert_allclose(kernel(data), want, rtol=1e-10)
+        sizes[terms] = len(kernel.hlo(data).splitlines())
+    # the program does not grow with the numbers (it has them as one argument)
+    assert sizes[240] <= 1.1 * sizes[60], sizes
 
 
 def test_an_exported_vectorized_kernel_loads_and_agrees(monkeypatch):
