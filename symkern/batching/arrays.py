@@ -123,7 +123,12 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
         raise BuildError("functions: user functions are not available in equations with matrix "
                          f"expressions (given: {sorted(functions)}); write the matrix parts "
                          "as explicit matrices (.as_explicit())")
-    resolved_dtype = resolve_dtype(options.dtype)
+    # equations holding I are a complex kernel by default, as in build_function
+    imaginary = options.dtype is None and any(
+        leaf.has(sp.I) for leaf in jax.tree_util.tree_leaves(
+            eqs, is_leaf=lambda node: isinstance(node, (sp.Basic, sp.MatrixBase)))
+        if isinstance(leaf, (sp.Basic, sp.MatrixBase)))
+    resolved_dtype = resolve_dtype(options.dtype, imaginary)
     chosen = options.resolved(resolved_dtype)
     start = time.perf_counter()
     data = [_matrix_symbol_spec(arg, f"x{k + 1}", (), vector_rows=True)

@@ -467,3 +467,11 @@ def test_shard_and_stream_keep_bool_and_complex_outputs():
     real = sk.build_function(z**2, z, dtype="float64")
     with pytest.raises(sk.ArgumentError, match="expected real numbers, got dtype complex128"):
         next(iter(real.stream(zs, chunk=4, progress=False)))
+
+
+def test_matrix_expressions_with_the_imaginary_unit_build_a_complex_kernel():
+    matrix = sp.MatrixSymbol("M", 2, 2)
+    kernel = sk.build_function(sp.I * matrix * matrix, matrix)
+    values = np.random.default_rng(8).normal(size=(3, 2, 2))
+    assert kernel.dtype == np.complex128
+    np.testing.assert_allclose(kernel(values), 1j * values @ values, rtol=1e-14)
