@@ -91,14 +91,16 @@ def _jit_takes(args: tuple) -> bool:
     """Whether jit takes every leaf of `args` as it is (else the checked arrays are used)."""
     for leaf in jax.tree_util.tree_leaves(args):
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-            # integer arrays are cast on the host, and floats wider than 64 bits (longdouble),
-            # which jit does not take
-            if leaf.dtype.kind not in "bf" or leaf.dtype.itemsize > 8:
+            # integer arrays are cast on the host, and floats wider than 64 bits (longdouble,
+            # clongdouble), which jit does not take; complex ones reach a complex kernel's
+            # checks (a real kernel's refuse them)
+            if not (leaf.dtype.kind in "bf" and leaf.dtype.itemsize <= 8
+                    or leaf.dtype.kind == "c" and leaf.dtype.itemsize <= 16):
                 return False
         elif type(leaf) is int:
             if not -2**31 <= leaf < 2**31:
                 return False
-        elif type(leaf) not in (float, bool):
+        elif type(leaf) not in (float, bool, complex):
             return False
     return True
 

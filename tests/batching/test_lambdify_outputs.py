@@ -475,3 +475,19 @@ def test_matrix_expressions_with_the_imaginary_unit_build_a_complex_kernel():
     values = np.random.default_rng(8).normal(size=(3, 2, 2))
     assert kernel.dtype == np.complex128
     np.testing.assert_allclose(kernel(values), 1j * values @ values, rtol=1e-14)
+
+
+def test_a_repeated_complex_call_takes_the_direct_path(monkeypatch):
+    kernel = sk.build_function(z**2 + c, z, params={"c": c}, dtype="complex128")
+    zs = _complex_samples(5, 10)
+    kernel(zs, {"c": 1j})
+    calls = []
+    checked = kernel.prepare
+    monkeypatch.setattr(kernel, "prepare", lambda args: calls.append(args) or checked(args))
+    for _ in range(3):
+        np.testing.assert_allclose(kernel(zs, {"c": 1j}), zs**2 + 1j, rtol=1e-15)
+    assert calls == []  # neither checked nor traced again
+    real = sk.build_function(z**2, z, dtype="float64")
+    real(zs.real)
+    with pytest.raises(sk.ArgumentError, match="x1: expected real numbers, got dtype complex128"):
+        real(zs)
