@@ -105,19 +105,17 @@ class _KernelPrinter(JaxPrinter):
         return (f"{type(expr).__name__}("
                 f"{', '.join(self._print(argument) for argument in expr.args)})")
 
-    def _print(self, expr: Any, **kwargs: Any) -> str:
-        # each node prints with evaluation on (an Array's printer computes its indices
-        # with SymPy numbers), whatever the node above it turned off
-        with sp.core.parameters.evaluate(True):
-            return super()._print(expr, **kwargs)
-
     def _print_Mul(self, expr: sp.Mul) -> str:
-        # the printer splits off a product's sign and coefficient and multiplies them back
-        # (`_keep_coeff`); evaluated, that product runs SymPy's assumptions on every factor:
-        # 1.4 of the 1.7 s of printing a 1,000-operation nest of functions. Its factors
-        # print through `_print`, evaluated again
-        with sp.core.parameters.evaluate(False):
-            return super()._print_Mul(expr)
+        # SymPy's printer splits off a negative coefficient and multiplies its magnitude
+        # back into the product, evaluated (`_keep_coeff(-c, f)` is `-c*f` when f is one
+        # factor), which runs SymPy's assumptions on the factor: 1.4 of the 1.7 s of
+        # printing a 1,000-operation nest of functions. The same product built as it
+        # stands prints to the same text, after the sign. (Switching evaluation off
+        # instead clears SymPy's cache at every switch.)
+        c, factor = expr.as_coeff_Mul()
+        if c < 0 and c != -1 and not (factor.is_Add or factor.is_Mul or factor.is_Number):
+            return "-" + super()._print_Mul(sp.Mul._from_args((-c, factor)))
+        return super()._print_Mul(expr)
 
     _print_fresnels = _print_fresnelc = _print_unknown_function
     _print_lowergamma = _print_uppergamma = _print_binomial = _print_unknown_function
