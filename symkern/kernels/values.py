@@ -84,11 +84,15 @@ def as_real_array(value: Any, label: str, dtype: np.dtype) -> Any:
     refused: `"2"` is not 2.0. A complex `dtype` (a complex kernel) takes complex numbers
     too.
     """
-    if np.dtype(dtype).kind == "c":
-        return _as_complex_array(value, label, dtype)
+    complex_kernel = np.dtype(dtype).kind == "c"
+    expected = "numbers" if complex_kernel else "real numbers"
+
+    def allowed(kind: np.dtype) -> bool:
+        return real_dtype(kind) or complex_kernel and np.dtype(kind).kind == "c"
+
     if isinstance(value, jax.Array):  # device arrays and tracers
-        if not real_dtype(value.dtype):
-            raise ArgumentError(f"{label}: expected real numbers, got dtype {value.dtype.name}")
+        if not allowed(value.dtype):
+            raise ArgumentError(f"{label}: expected {expected}, got dtype {value.dtype.name}")
         return value if value.dtype == dtype else value.astype(dtype)
     if isinstance(value, (list, tuple)) and any(
             isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
@@ -102,36 +106,11 @@ def as_real_array(value: Any, label: str, dtype: np.dtype) -> Any:
                             f"{type(value).__name__}") from error
     if array.dtype.kind == "O":
         # SymPy numbers, Python ints beyond int64, None and other objects
-        array = np.array([_real_number(v, label) for v in array.flat],
-                         np.float64).reshape(array.shape)
-    if not real_dtype(array.dtype):
-        raise ArgumentError(f"{label}: expected real numbers, got dtype {array.dtype.name}")
-    return array if array.dtype == dtype else array.astype(dtype)
-
-
-def _as_complex_array(value: Any, label: str, dtype: np.dtype) -> Any:
-    """`as_real_array` for a complex kernel: real and complex numbers, cast to `dtype`."""
-    def allowed(kind: np.dtype) -> bool:
-        return real_dtype(kind) or kind.kind == "c"
-
-    if isinstance(value, jax.Array):
-        if not allowed(value.dtype):
-            raise ArgumentError(f"{label}: expected numbers, got dtype {value.dtype.name}")
-        return value if value.dtype == dtype else value.astype(dtype)
-    if isinstance(value, (list, tuple)) and any(
-            isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
-        return _as_complex_array(jnp.asarray(value), label, dtype)
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError, OverflowError) as error:
-        ragged = "a ragged " if isinstance(value, (list, tuple)) else ""
-        raise ArgumentError(f"{label}: expected an array of numbers, got {ragged}"
-                            f"{type(value).__name__}") from error
-    if array.dtype.kind == "O":
-        array = np.array([_complex_number(v, label) for v in array.flat],
-                         np.complex128).reshape(array.shape)
+        number, kind = (_complex_number, np.complex128) if complex_kernel else (_real_number,
+                                                                                 np.float64)
+        array = np.array([number(v, label) for v in array.flat], kind).reshape(array.shape)
     if not allowed(array.dtype):
-        raise ArgumentError(f"{label}: expected numbers, got dtype {array.dtype.name}")
+        raise ArgumentError(f"{label}: expected {expected}, got dtype {array.dtype.name}")
     return array if array.dtype == dtype else array.astype(dtype)
 
 
