@@ -114,7 +114,7 @@ class _KernelPrinter(JaxPrinter):
         # instead clears SymPy's cache at every switch.)
         c, factor = expr.as_coeff_Mul()
         if c < 0 and c != -1 and not (factor.is_Add or factor.is_Mul or factor.is_Number):
-            return "-" + super()._print_Mul(sp.Mul._from_args((-c, factor)))
+            return "-" + super()._print_Mul(sp.Mul(-c, factor, evaluate=False))
         return super()._print_Mul(expr)
 
     _print_fresnels = _print_fresnelc = _print_unknown_function
