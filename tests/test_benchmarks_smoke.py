@@ -85,6 +85,7 @@ def test_skipped_tools_say_why(quick_results: dict) -> None:
             assert "hand-written" in hand["reason"]
 
 
+@pytest.mark.slow  # runs the script in a child process; its mechanism is tests/codegen/test_vectorize.py
 def test_scale_vectorize_smoke_run(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "scale_vectorize.py"), "--sizes", "300",

@@ -34,7 +34,7 @@ BATCHES: tuple[tuple[int, ...], ...] = (
     (), (1,), (63,), (64,), (65,), (1023,), (1024,), (1025,), (4095,), (4096,), (4097,), (3, 5))
 #: the batches every call path runs at in the bounded profile (the 2-D one: TWO_D_PATHS)
 PATH_BATCHES = ((65,), (3, 5))
-TWO_D_PATHS = ("eager", "jit", "vmap", "grad_data", "export")
+TWO_D_PATHS = ("eager", "jit", "vmap")
 #: the bounded profile's eager batches of the forms whose thresholds sit elsewhere (each new
 #: shape compiles; pieces compile every piece): both sides of 64 and of a tile of 4,096
 EAGER_BATCHES = {form: ((), (1,), (64,), (65,), (4096,), (4097,), (3, 5))

@@ -298,6 +298,7 @@ def test_tiled_jacobian_against_jacfwd(batch, chunk, seed):
     np.testing.assert_allclose(got, _hand_jacobian(X, values), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow  # the tiled form's paths run in tests/batching/test_combinations.py too
 def test_tiled_jacobian_grad_vmap_bind_export():
     kernel, values = _tiled_jacobian()
     X = jnp.asarray(np.random.default_rng(7).normal(size=(40, 3)))
