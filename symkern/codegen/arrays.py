@@ -271,12 +271,8 @@ class ArrayPrinter:
             value = _index(self.symbol_arrays[expr][0], None, ":")
             printed = Printed(value, self.batched(value))
         elif isinstance(expr, sp.MatAdd):
-            terms = [self.row(a) if isinstance(a, sp.MatrixExpr) else self._broadcast_scalar(a)
-                     for a in expr.args]
-            node = terms[0].node
-            for term in terms[1:]:
-                node = ast.BinOp(node, ast.Add(), term.node)
-            printed = Printed(node, any(t.batched for t in terms))
+            printed = _summed([self.row(a) if isinstance(a, sp.MatrixExpr)
+                               else self._broadcast_scalar(a) for a in expr.args])
         elif isinstance(expr, sp.MatMul) and _is_column_product(expr):
             scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
             matrices = [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
@@ -335,10 +331,7 @@ class ArrayPrinter:
                     terms.append(Printed(_call("jnp.expand_dims", value.node, ast.Constant(-1))
                                          if value.batched else value.node, value.batched))
             if all(t is not None for t in terms):
-                node = terms[0].node
-                for t in terms[1:]:
-                    node = ast.BinOp(node, ast.Add(), t.node)
-                printed = Printed(node, any(t.batched for t in terms))
+                printed = _summed(terms)
         elif isinstance(expr, sp.MatMul) and _is_column_product(expr):
             scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
             matrices = [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
@@ -527,17 +520,12 @@ class ArrayPrinter:
         return value
 
     def _matadd(self, expr: sp.MatAdd) -> Printed:
-        terms = [self.matrix(a) if isinstance(a, sp.MatrixExpr) else self._broadcast_scalar(a)
-                 for a in expr.args]
-        node = terms[0].node
-        for term in terms[1:]:
-            node = ast.BinOp(node, ast.Add(), term.node)
-        return Printed(node, any(t.batched for t in terms))
+        return _summed([self.matrix(a) if isinstance(a, sp.MatrixExpr)
+                        else self._broadcast_scalar(a) for a in expr.args])
 
     def _transpose(self, expr: sp.Transpose) -> Printed:
         value = self.matrix(expr.arg)
-        return Printed(_call("jnp.swapaxes", value.node, ast.Constant(-1), ast.Constant(-2)),
-                       value.batched)
+        return Printed(_swap(value.node), value.batched)
 
     def _inverse(self, expr: sp.Inverse) -> Printed:
         value = self.matrix(expr.arg)
@@ -639,11 +627,7 @@ class ArrayPrinter:
         if isinstance(expr, sp.MatrixExpr):
             return self.matrix(expr)
         if isinstance(expr, ArrayAdd):
-            terms = [self.tensor(a) for a in expr.args]
-            node = terms[0].node
-            for term in terms[1:]:
-                node = ast.BinOp(node, ast.Add(), term.node)
-            printed = Printed(node, any(t.batched for t in terms))
+            printed = _summed([self.tensor(a) for a in expr.args])
         elif isinstance(expr, (ArrayTensorProduct, ArrayContraction, PermuteDims, ArrayDiagonal)):
             printed = self._einsum(expr)
         else:
@@ -714,6 +698,14 @@ _PREFIX = "prefix"
 
 def _is_inverse(expr: sp.Basic) -> bool:
     return isinstance(expr, sp.Inverse) or (isinstance(expr, sp.MatPow) and expr.exp == -1)
+
+
+def _summed(terms: Sequence[Printed]) -> Printed:
+    """The sum of `terms`, left to right; batched when any term is."""
+    node = terms[0].node
+    for term in terms[1:]:
+        node = ast.BinOp(node, ast.Add(), term.node)
+    return Printed(node, any(term.batched for term in terms))
 
 
 def _swap(node: ast.expr) -> ast.expr:
