@@ -8,7 +8,6 @@ the kernel is a `StructuredKernel` over the array program `generate_arrays` prin
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -16,13 +15,12 @@ import jax
 import sympy as sp
 
 from symkern.batching.build import resolve_dtype
-from symkern.batching.program import KernelSignature, StructuredProgram
-from symkern.batching.structured import StructuredKernel
+from symkern.batching.program import KernelSignature
+from symkern.batching.structured import StructuredKernel, array_program_kernel
 from symkern.codegen.arrays import ArrayLeaf, array_leaf, generate_arrays, needs_array_program
-from symkern.codegen.passes import FUSED, BuildOptions
+from symkern.codegen.passes import BuildOptions
 from symkern.errors import BuildError
-from symkern.kernels.constants import ConstArg, origin_of, warn_if_large
-from symkern.kernels.stage import compile_kernel
+from symkern.kernels.constants import origin_of
 from symkern.symbolic.arguments import (
     ArgumentSpec,
     EquationSet,
@@ -140,21 +138,9 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
     equations, leaves = array_equation_set(eqs)
     code = generate_arrays(leaves, data, parameters, cse=chosen.cse,
                            embed_max_bytes=chosen.embed_max_bytes, dtype=resolved_dtype)
-    # leaves are whole arrays and scalar entries few: stacked in the one executable
-    generated = dataclasses.replace(code.generated, assembly=chosen.assembly or FUSED)
-    const_args = [ConstArg(literal.name, jax.device_put(literal.value),
-                           origin_of(literal.used_by, equations.label_of_entry,
-                                     "numeric matrix in a matrix expression (generate_arrays)"))
-                  for literal in generated.literals]
-    warn_if_large(const_args)
-    compiled_at = time.perf_counter()
-    function = compile_kernel(generated.module, None, "<symkern array kernel>")
-    timings = dict(generated.timings)
-    timings["python_compile"] = time.perf_counter() - compiled_at
-    timings["build"] = time.perf_counter() - start
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
                                 params is not None)
-    program = StructuredProgram(generated, function, signature, equations,
-                                tuple(c.value for c in const_args), code.layout)
-    program.tile_chunk = chosen.tile_chunk
-    return StructuredKernel(program, timings, tuple(const_args), options=chosen)
+    return array_program_kernel(
+        code, signature, equations, chosen, start, "<symkern array kernel>",
+        lambda literal: origin_of(literal.used_by, equations.label_of_entry,
+                                  "numeric matrix in a matrix expression (generate_arrays)"))

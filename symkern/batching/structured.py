@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -18,7 +18,8 @@ from symkern.batching.build import UNSET, build_options, resolve_dtype
 from symkern.batching.kernel import Kernel
 from symkern.batching.program import KernelSignature, StructuredProgram
 from symkern.codegen.passes import FUSED, BuildOptions
-from symkern.codegen.structured import StructuredLayout, generate_structured
+from symkern.codegen.rules import HoistedLiteral
+from symkern.codegen.structured import StructuredCode, StructuredLayout, generate_structured
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, warn_if_large
 from symkern.kernels.stage import compile_kernel
@@ -153,25 +154,38 @@ def build_structured_function(
     plan = plan_structured(eqs, snn)
     code = generate_structured(plan, data, parameters, cse=chosen.cse,
                                embed_max_bytes=chosen.embed_max_bytes, dtype=resolved_dtype)
-    # entries stacked in one executable: a structured body's leaves are whole arrays, and
-    # its scalar entries few (the formulas around the network)
-    generated = dataclasses.replace(code.generated, assembly=chosen.assembly or FUSED)
-    const_args = [ConstArg(literal.name, jax.device_put(literal.value),
-                           "array literal in a formula around the network (hoist_array_literals)")
-                  for literal in generated.literals]
-    warn_if_large(const_args)
-    compiled_at = time.perf_counter()
-    function = compile_kernel(generated.module, None, "<symkern structured kernel>")
-    timings = dict(generated.timings)
-    timings["python_compile"] = time.perf_counter() - compiled_at
-    timings["build"] = time.perf_counter() - start
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype)
     equations = EquationSet(tuple(_described(leaf) for leaf in plan.leaves),
                             tuple(leaf.shape for leaf in plan.leaves), plan.treedef,
                             tuple(leaf.label for leaf in plan.leaves))
+    return array_program_kernel(
+        code, signature, equations, chosen, start, "<symkern structured kernel>",
+        lambda literal: "array literal in a formula around the network (hoist_array_literals)",
+        _tile_chunk)
+
+
+def array_program_kernel(code: StructuredCode, signature: KernelSignature,
+                         equations: EquationSet, chosen: BuildOptions, start: float,
+                         filename: str, origin: Callable[[HoistedLiteral], str],
+                         tile_chunk: Callable[[StructuredProgram], int | None] | None = None,
+                         ) -> StructuredKernel:
+    """The `StructuredKernel` of an array program's code (a network's, a matrix
+    expression's): its hoisted literals as const args, the code compiled, the timings since
+    `start`; tiled by `chosen.tile_chunk`, else as `tile_chunk(program)` says."""
+    # entries stacked in one executable: an array program's leaves are whole arrays, and its
+    # scalar entries few (the formulas around them)
+    generated = dataclasses.replace(code.generated, assembly=chosen.assembly or FUSED)
+    const_args = [ConstArg(literal.name, jax.device_put(literal.value), origin(literal))
+                  for literal in generated.literals]
+    warn_if_large(const_args)
+    compiled_at = time.perf_counter()
+    function = compile_kernel(generated.module, None, filename)
+    timings = dict(generated.timings)
+    timings["python_compile"] = time.perf_counter() - compiled_at
+    timings["build"] = time.perf_counter() - start
     program = StructuredProgram(generated, function, signature, equations,
                                 tuple(c.value for c in const_args), code.layout)
-    program.tile_chunk = chosen.tile_chunk or _tile_chunk(program)
+    program.tile_chunk = chosen.tile_chunk or (tile_chunk(program) if tile_chunk else None)
     return StructuredKernel(program, timings, tuple(const_args), options=chosen)
 
 
