@@ -2,7 +2,9 @@
 
 The forms are the pipeline's (symkern.codegen.passes.FORMS and the polynomial sin and cos):
 scalar (with and without const args, with parameters and two data arguments), contracted,
-tiled, vectorized, pieces and structured. The batch shapes sit on both sides of each size the
+tiled, vectorized, pieces, structured, the array program of a matrix expression, and
+parameters packed in one buffer (both sides of batching.packing.PACK_FROM_LEAVES: the
+scalar form's two parameters, the packed form's five). The batch shapes sit on both sides of each size the
 kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the tiles of 4,096) and include `()` and a
 2-D batch. The call paths are eager, `jax.jit`, `jax.vmap`, `jax.grad` with respect to data
 and parameters, bind, flat, shard, stream and export/load. Each result is compared with an
@@ -27,6 +29,7 @@ import pytest
 import sympy as sp
 
 import symkern as sk
+from symkern.batching.packing import PACK_FROM_LEAVES
 from symkern.codegen import passes
 
 SLOW = bool(os.environ.get("SYMKERN_SLOW"))
@@ -38,7 +41,8 @@ TWO_D_PATHS = ("eager", "jit", "vmap")
 #: the bounded profile's eager batches of the forms whose thresholds sit elsewhere (each new
 #: shape compiles; pieces compile every piece): both sides of 64 and of a tile of 4,096
 EAGER_BATCHES = {form: ((), (1,), (64,), (65,), (4096,), (4097,), (3, 5))
-                 for form in ("scalar-const-args", "contracted", "vectorized")}
+                 for form in ("scalar-const-args", "contracted", "vectorized", "scalar-packed",
+                             "array")}
 EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
@@ -192,6 +196,47 @@ def hnn_case(hidden: int, dtype: str = "float64") -> Case:
                 1e-10 if dtype == "float64" else 2e-5)
 
 
+def _packed_case() -> Case:
+    """Five scalar parameters: past PACK_FROM_LEAVES, every executable takes them as one
+    buffer (the scalar form's two parameters stay separate arguments)."""
+    d, e, f = sp.symbols("d e f")
+    eqs = sp.Matrix([sp.sin(x0) * a + x1 * d, sp.cos(x1) * c - e * x0 ** 2 + f])
+    kernel = sk.build_function(eqs, [x0, x1], params={"a": a, "c": c, "d": d, "e": e, "f": f},
+                               dtype="float64")
+    assert kernel.packs_parameters and len({"a", "c", "d", "e", "f"}) >= PACK_FROM_LEAVES
+
+    def reference(X, ps):
+        X = jnp.asarray(X, jnp.float64)
+        q, r = X[..., 0], X[..., 1]
+        return jnp.stack([jnp.sin(q) * ps["a"] + r * ps["d"],
+                          jnp.cos(r) * ps["c"] - ps["e"] * q ** 2 + ps["f"]], axis=-1)
+
+    return Case(kernel, reference, lambda shape: (_uniform(shape, 2, 3),),
+                {"a": 0.7, "c": -1.3, "d": 0.4, "e": 1.1, "f": -0.2})
+
+
+def _array_case() -> Case:
+    """A matrix expression of MatrixSymbols: the array program (`s*W*x + b`, its trace)."""
+    W, b = sp.MatrixSymbol("W", 3, 2), sp.MatrixSymbol("b", 3, 1)
+    xm, s = sp.MatrixSymbol("xm", 2, 1), sp.Symbol("s")
+    M = sp.MatrixSymbol("M", 2, 2)
+    eqs = {"y": s * W * xm + b, "t": sp.Trace(M * xm * xm.T)}
+    kernel = sk.build_function(eqs, xm, params={"W": W, "b": b, "s": s, "M": M},
+                               dtype="float64")
+    assert kernel.form == "structured" and "@" in kernel.source, kernel.source
+
+    def reference(X, ps):
+        X = jnp.asarray(X, jnp.float64)
+        W, b, M = (jnp.asarray(ps[k], jnp.float64) for k in ("W", "b", "M"))
+        y = ps["s"] * X @ W.T + b[:, 0]
+        return {"t": jnp.einsum("ij,...j,...i->...", M, X, X), "y": y}
+
+    rng = np.random.default_rng(11)
+    return Case(kernel, reference, lambda shape: (_uniform(shape, 2, 4),),
+                {"W": rng.normal(size=(3, 2)), "b": rng.normal(size=(3, 1)), "s": 0.8,
+                 "M": rng.normal(size=(2, 2))})
+
+
 FORMS: dict[str, Callable[[], Case]] = {
     "scalar": _scalar_case,
     "scalar-const-args": lambda: _scalar_case(const=True),
@@ -201,6 +246,8 @@ FORMS: dict[str, Callable[[], Case]] = {
     "vectorized": _vectorized_case,
     "pieces": _pieces_case,
     "structured": lambda: hnn_case(40),
+    "scalar-packed": _packed_case,
+    "array": _array_case,
 }
 _BUILT: dict[str, Case] = {}
 
