@@ -18,8 +18,9 @@ each element by itself:
 
 An element's value depends on that element alone, never on the batch it is in or on its
 size. The library is evaluated only when some element of the call needs it
-(`lax.cond(any(|x| > FAST_UP_TO), both, polynomial)`): the condition decides what is
-computed, not what a sample gets. Measured at 100,000 samples: the double pendulum 4.1x, the
+(`lax.cond(max |x| <= FAST_UP_TO, polynomial, per element)`): the condition decides what
+is computed, not what a sample gets (both branches compute an in-range element with the
+same operations, and a test checks their bits agree). Measured at 100,000 samples: the double pendulum 4.1x, the
 3-link pendulum on a cart 1.7x.
 
 Where it applies (`applies`): float32 kernels built for the CPU whose code calls sin and cos
@@ -71,14 +72,23 @@ def polynomial(x: Any, quarter_turns: int) -> Any:
     return jnp.where(quadrant >= 2, -value, value)
 
 
+def _per_element(x: Any, quarter_turns: int, library: Any) -> Any:
+    # NaN compares False: it takes the library too
+    return jnp.where(jnp.abs(x) <= FAST_UP_TO, polynomial(x, quarter_turns), library(x))
+
+
 def _site(x: Any, quarter_turns: int, library: Any) -> Any:
     x = jnp.asarray(x)
     if x.dtype != np.float32:
         return library(x)
-    fast = polynomial(x, quarter_turns)
-    # NaN compares False: it takes the library too
-    beyond = jnp.logical_not(jnp.abs(x) <= FAST_UP_TO)
-    return lax.cond(jnp.any(beyond), lambda: jnp.where(beyond, library(x), fast), lambda: fast)
+    # The condition is a float max (one vectorized reduction; `any` of a bool mask is a
+    # cascade of reduce-windows on XLA's CPU backend, 0.8x the pendulum's throughput), and
+    # each branch computes the polynomial in its own loop: computed once outside and passed
+    # in, it is one more pass over the batch (0.8x). A NaN that the max skips takes the
+    # polynomial, whose value at NaN (and at an infinity) is NaN, the library's value too.
+    return lax.cond(jnp.max(jnp.abs(x)) <= FAST_UP_TO,
+                    lambda v: polynomial(v, quarter_turns),
+                    lambda v: _per_element(v, quarter_turns, library), x)
 
 
 @jax.custom_jvp
