@@ -54,6 +54,18 @@ def _printed_shape(shape: Sequence[int]) -> tuple[int, ...]:
     return (shape[0], 1) if len(shape) == 1 else tuple(shape)
 
 
+def _rule_facts(equations: EquationSet, arguments: Sequence[ArgumentSpec],
+                data_count: int) -> dict:
+    """What the rules read of the equations and arguments."""
+    return {
+        "data_ranks": {f"x{k + 1}": len(spec.shape)
+                       for k, spec in enumerate(arguments[:data_count])},
+        "printed_shapes": [_printed_shape(shape) if hasattr(leaf, "rows") else shape
+                           for leaf, shape in zip(equations.leaves, equations.shapes, strict=True)],
+        "parameter_paths": [spec.path for spec in arguments[data_count:]],
+    }
+
+
 def rule_sequence(
     emitted: EmittedCode,
     equations: EquationSet,
@@ -69,12 +81,9 @@ def rule_sequence(
     `hoisted` receives the array literals `hoist_array_literals` takes out of the code.
     """
     hoisted = [] if hoisted is None else hoisted
-    data_ranks = {f"x{k + 1}": len(spec.shape) for k, spec in enumerate(arguments[:data_count])}
-    printed_shapes = [
-        _printed_shape(shape) if hasattr(leaf, "rows") else shape
-        for leaf, shape in zip(equations.leaves, equations.shapes, strict=True)
-    ]
-    paths = [spec.path for spec in arguments[data_count:]]
+    facts = _rule_facts(equations, arguments, data_count)
+    data_ranks, paths = facts["data_ranks"], facts["parameter_paths"]
+    printed_shapes = facts["printed_shapes"]
     return [
         ("substitute_arguments", lambda m: rules.substitute_arguments(
             m, emitted.argument_names, data_count, paths)),
@@ -90,6 +99,25 @@ def rule_sequence(
         ("hoist_array_literals", lambda m: rules.hoist_array_literals(
             m, embed_max_bytes, dtype, hoisted)),
     ]
+
+
+def apply_rules(
+    module: ast.Module,
+    emitted: EmittedCode,
+    equations: EquationSet,
+    arguments: Sequence[ArgumentSpec],
+    data_count: int,
+    *,
+    embed_max_bytes: int = 32,
+    dtype: np.dtype = FLOAT32,
+    hoisted: list[rules.HoistedLiteral] | None = None,
+) -> ast.Module:
+    """`module` through every rule of `rule_sequence`, in one walk (`rules.apply_rules`)."""
+    return rules.apply_rules(module, argument_names=emitted.argument_names,
+                             data_count=data_count, user_functions=emitted.user_functions,
+                             embed_max_bytes=embed_max_bytes, dtype=dtype,
+                             hoisted=[] if hoisted is None else hoisted,
+                             **_rule_facts(equations, arguments, data_count))
 
 
 def generate(
@@ -111,10 +139,8 @@ def generate(
                        share_pairs=share_pairs, complex_values=np.dtype(dtype).kind == "c")
     hoisted: list[rules.HoistedLiteral] = []
     with stopwatch.stage("rewrite"):
-        module = ast.parse(emitted.source)  # the rules rewrite their own copy
-        for _name, rule in rule_sequence(emitted, equations, arguments, data_count,
-                                         embed_max_bytes=embed_max_bytes, dtype=dtype,
-                                         hoisted=hoisted):
-            module = rule(module)
+        module = apply_rules(ast.parse(emitted.source), emitted, equations, arguments,
+                             data_count, embed_max_bytes=embed_max_bytes, dtype=dtype,
+                             hoisted=hoisted)  # the rules rewrite their own copy
         source = print_source(module)
     return GeneratedCode(emitted, module, source, dict(stopwatch.timings), tuple(hoisted))

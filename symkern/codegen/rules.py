@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,17 +100,14 @@ def _path_node(root: str, path: Sequence[object]) -> ast.expr:
     return node
 
 
-def substitute_arguments(
+def _argument_targets(
     module: ast.Module,
     argument_names: Sequence[str],
     data_count: int,
     parameter_paths: Sequence[Sequence[object]],
-) -> ast.Module:
-    """Rebind the generated argument names *by position* to `x1`, `x2`, … and `ps[...]`.
-
-    The function becomes `kernel(x1, …, ps)` (no `ps` without parameters); a parameter
-    leaf `k` is read as its access path `ps["L1"]["W"]`.
-    """
+) -> tuple[ast.FunctionDef, dict[str, tuple[object, ...] | str]]:
+    """substitute_arguments' checks of the signature, and what each argument becomes: the
+    data name `x<k>`, or a parameter's access path."""
     rule = "substitute_arguments"
     function = kernel_function(module, rule)
     found = [arg.arg for arg in function.args.args]
@@ -122,28 +119,57 @@ def substitute_arguments(
     if len(argument_names) != data_count + len(parameter_paths):
         raise _drift(rule, f"{data_count + len(parameter_paths)} arguments",
                      f"{len(argument_names)}")
-    targets: dict[str, ast.expr] = {}
+    targets: dict[str, tuple[object, ...] | str] = {}
     for position, name in enumerate(argument_names):
         if position < data_count:
-            targets[name] = _load(f"x{position + 1}")
+            targets[name] = f"x{position + 1}"
         else:
-            targets[name] = _path_node("ps", parameter_paths[position - data_count])
+            targets[name] = tuple(parameter_paths[position - data_count])
+    return function, targets
 
-    class Rebind(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.expr:
-            if node.id in targets:
-                if not isinstance(node.ctx, ast.Load):
-                    raise _drift(rule, f"argument {node.id} only read", "an assignment to it")
-                return copy.deepcopy(targets[node.id])
-            return node
 
-    function.body = [Rebind().visit(statement) for statement in function.body]
+def _argument_node(target: tuple[object, ...] | str) -> ast.expr:
+    return _load(target) if isinstance(target, str) else _path_node("ps", target)
+
+
+def _rebound_argument(node: ast.Name, targets: Mapping[str, tuple[object, ...] | str]) -> ast.expr:
+    if not isinstance(node.ctx, ast.Load):
+        raise _drift("substitute_arguments", f"argument {node.id} only read", "an assignment to it")
+    return _argument_node(targets[node.id])
+
+
+class _Rebind(ast.NodeTransformer):
+    def __init__(self, targets: Mapping[str, tuple[object, ...] | str]) -> None:
+        self.targets = targets
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return _rebound_argument(node, self.targets) if node.id in self.targets else node
+
+
+def _kernel_signature(function: ast.FunctionDef, data_count: int, parameters: bool) -> None:
     new_arguments = [ast.arg(f"x{k + 1}") for k in range(data_count)]
-    if parameter_paths:
+    if parameters:
         new_arguments.append(ast.arg("ps"))
     function.args = ast.arguments(posonlyargs=[], args=new_arguments, kwonlyargs=[],
                                   kw_defaults=[], defaults=[])
     function.name = KERNEL_NAME
+
+
+def substitute_arguments(
+    module: ast.Module,
+    argument_names: Sequence[str],
+    data_count: int,
+    parameter_paths: Sequence[Sequence[object]],
+) -> ast.Module:
+    """Rebind the generated argument names *by position* to `x1`, `x2`, … and `ps[...]`.
+
+    The function becomes `kernel(x1, …, ps)` (no `ps` without parameters); a parameter
+    leaf `k` is read as its access path `ps["L1"]["W"]`.
+    """
+    function, targets = _argument_targets(module, argument_names, data_count, parameter_paths)
+    rebind = _Rebind(targets)
+    function.body = [rebind.visit(statement) for statement in function.body]
+    _kernel_signature(function, data_count, bool(parameter_paths))
     return module
 
 
@@ -157,27 +183,27 @@ def _balanced(func: ast.expr, items: list[ast.expr]) -> ast.expr:
     return items[0]
 
 
+class _Unfold(ast.NodeTransformer):
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        self.generic_visit(node)
+        # only SymPy's own form, a bare `reduce`; any other spelling is left for
+        # resolve_callees to report, since no table row matches it
+        if isinstance(node.func, ast.Name) and node.func.id == "reduce":
+            if (len(node.args) != 2 or node.keywords
+                    or not isinstance(node.args[1], (ast.List, ast.Tuple))
+                    or not node.args[1].elts):
+                raise _drift("unfold_reductions", "reduce(function, [arguments, ...])",
+                             ast.unparse(node))
+            return _balanced(node.args[0], list(node.args[1].elts))
+        return node
+
+
 def unfold_reductions(module: ast.Module) -> ast.Module:
     """`reduce(maximum, [a, b, c])` (how Min/Max print) → `maximum(maximum(a, b), c)`.
 
     Pairwise, so the nesting depth grows with the logarithm of the number of arguments.
     """
-    rule = "unfold_reductions"
-
-    class Unfold(ast.NodeTransformer):
-        def visit_Call(self, node: ast.Call) -> ast.expr:
-            self.generic_visit(node)
-            # only SymPy's own form, a bare `reduce`; any other spelling is left for
-            # resolve_callees to report, since no table row matches it
-            if isinstance(node.func, ast.Name) and node.func.id == "reduce":
-                if (len(node.args) != 2 or node.keywords
-                        or not isinstance(node.args[1], (ast.List, ast.Tuple))
-                        or not node.args[1].elts):
-                    raise _drift(rule, "reduce(function, [arguments, ...])", ast.unparse(node))
-                return _balanced(node.args[0], list(node.args[1].elts))
-            return node
-
-    return Unfold().visit(module)
+    return _Unfold().visit(module)
 
 
 def _local_names(function: ast.FunctionDef) -> set[str]:
@@ -187,6 +213,37 @@ def _local_names(function: ast.FunctionDef) -> set[str]:
             for target in statement.targets:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     return names
+
+
+def _resolved_call(node: ast.Call, callee: CalleeName,
+                   user_functions: Mapping[str, str]) -> ast.Call:
+    """`node`, its arguments and receiver already resolved, with its callee from the table."""
+    rule = "resolve_callees"
+    if callee.name in user_functions and callee.receiver is None:
+        node.func = ast.Subscript(_load("functions"),
+                                  ast.Constant(user_functions[callee.name]), ast.Load())
+        return node
+    row = CALLEE_TABLE.get(callee.name)
+    if row is None:
+        raise _drift(rule, "a callee in CALLEE_TABLE", f"{callee.name!r} in {ast.unparse(node)}")
+    arguments = ([callee.receiver] if callee.receiver is not None else []) + node.args
+    if row.arity is not None and len(arguments) != row.arity:
+        raise _drift(rule, f"{callee.name}() with {row.arity} argument(s) "
+                     f"(as printed for SymPy {', '.join(row.sympy)})", ast.unparse(node))
+    return ast.Call(target_node(row.target), arguments, node.keywords)
+
+
+def _resolved_name(node: ast.Name, local: set[str]) -> ast.expr:
+    if node.id in CONSTANT_TABLE:
+        return target_node(CONSTANT_TABLE[node.id])
+    if node.id in local or node.id in NAMESPACE_ROOTS or DATA_NAME.match(node.id):
+        return node
+    raise _drift("resolve_callees", "only arguments, generated locals and printed constants as names",
+                 repr(node.id))
+
+
+def _attribute_drift(node: ast.Attribute) -> CodegenDriftError:
+    return _drift("resolve_callees", "attributes only as callees", ast.unparse(node))
 
 
 def resolve_callees(module: ast.Module, user_functions: Mapping[str, str]) -> ast.Module:
@@ -209,30 +266,13 @@ def resolve_callees(module: ast.Module, user_functions: Mapping[str, str]) -> as
             callee = _callee(node.func, rule)
             if callee.receiver is not None:
                 callee = type(callee)(callee.name, self.visit(callee.receiver))
-            if callee.name in user_functions and callee.receiver is None:
-                node.func = ast.Subscript(_load("functions"),
-                                          ast.Constant(user_functions[callee.name]), ast.Load())
-                return node
-            row = CALLEE_TABLE.get(callee.name)
-            if row is None:
-                raise _drift(rule, "a callee in CALLEE_TABLE",
-                             f"{callee.name!r} in {ast.unparse(node)}")
-            arguments = ([callee.receiver] if callee.receiver is not None else []) + node.args
-            if row.arity is not None and len(arguments) != row.arity:
-                raise _drift(rule, f"{callee.name}() with {row.arity} argument(s) "
-                             f"(as printed for SymPy {', '.join(row.sympy)})", ast.unparse(node))
-            return ast.Call(target_node(row.target), arguments, node.keywords)
+            return _resolved_call(node, callee, user_functions)
 
         def visit_Name(self, node: ast.Name) -> ast.expr:
-            if node.id in CONSTANT_TABLE:
-                return target_node(CONSTANT_TABLE[node.id])
-            if node.id in local or node.id in NAMESPACE_ROOTS or DATA_NAME.match(node.id):
-                return node
-            raise _drift(rule, "only arguments, generated locals and printed constants as names",
-                         repr(node.id))
+            return _resolved_name(node, local)
 
         def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
-            raise _drift(rule, "attributes only as callees", ast.unparse(node))
+            raise _attribute_drift(node)
 
     function.body = [Resolve().visit(statement) for statement in function.body]
     return module
@@ -270,15 +310,18 @@ def use_integer_pow(module: ast.Module) -> ast.Module:
     class IntegerPow(ast.NodeTransformer):
         def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
             self.generic_visit(node)
-            if isinstance(node.op, ast.Pow):
-                exponent = _integer_exponent(node.right)
-                if exponent is not None:
-                    return ast.Call(target_node("lax.integer_pow"),
-                                    [_float_if_integer_literal(node.left),
-                                     ast.Constant(exponent)], [])
-            return node
+            return _integer_pow(node)
 
     return IntegerPow().visit(module)
+
+
+def _integer_pow(node: ast.BinOp) -> ast.expr:
+    if isinstance(node.op, ast.Pow):
+        exponent = _integer_exponent(node.right)
+        if exponent is not None:
+            return ast.Call(target_node("lax.integer_pow"),
+                            [_float_if_integer_literal(node.left), ast.Constant(exponent)], [])
+    return node
 
 
 def _constant_indices(index: ast.expr) -> tuple[int, ...] | None:
@@ -291,6 +334,28 @@ def _constant_indices(index: ast.expr) -> tuple[int, ...] | None:
     return tuple(values)
 
 
+def _batched(name: str, indices: tuple[int, ...]) -> ast.Subscript:
+    elements: list[ast.expr] = [ast.Constant(Ellipsis)]
+    elements += [ast.Constant(i) for i in indices]
+    return ast.Subscript(_load(name), ast.Tuple(elements, ast.Load()), ast.Load())
+
+
+def _batch_indices(node: ast.Subscript, name: str, rank: int) -> tuple[int, ...]:
+    """The per-sample indices of a read `name[i]` / `name[i, j]` of a data argument."""
+    indices = _constant_indices(node.slice)
+    if rank == 1 and indices is not None and len(indices) == 2 and indices[1] == 0:
+        indices = indices[:1]
+    if rank == 0 or indices is None or len(indices) != rank:
+        raise _drift("index_by_batch", f"{name} read one entry at a time as {name}[i"
+                     f"{', j' if rank == 2 else ''}]", ast.unparse(node))
+    return indices
+
+
+def _whole_array_drift(name: str) -> CodegenDriftError:
+    return _drift("index_by_batch", f"{name} read one entry at a time",
+                  f"the whole array {name} used")
+
+
 def index_by_batch(module: ast.Module, data_ranks: Mapping[str, int]) -> ast.Module:
     """`x1[i]`, `x1[i, 0]` → `x1[..., i]`; `x2[i, j]` → `x2[..., i, j]` for matrix data.
 
@@ -298,31 +363,18 @@ def index_by_batch(module: ast.Module, data_ranks: Mapping[str, int]) -> ast.Mod
     array, a slice, a computed index) is rejected: the batch dimension would silently be
     ignored for it. A scalar data argument is read whole.
     """
-    rule = "index_by_batch"
-
-    def batched(name: str, indices: tuple[int, ...]) -> ast.Subscript:
-        elements: list[ast.expr] = [ast.Constant(Ellipsis)]
-        elements += [ast.Constant(i) for i in indices]
-        return ast.Subscript(_load(name), ast.Tuple(elements, ast.Load()), ast.Load())
 
     class Index(ast.NodeTransformer):
         def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
             if isinstance(node.value, ast.Name) and node.value.id in data_ranks:
-                name, rank = node.value.id, data_ranks[node.value.id]
-                indices = _constant_indices(node.slice)
-                if rank == 1 and indices is not None and len(indices) == 2 and indices[1] == 0:
-                    indices = indices[:1]
-                if rank == 0 or indices is None or len(indices) != rank:
-                    raise _drift(rule, f"{name} read one entry at a time as {name}[i"
-                                 f"{', j' if rank == 2 else ''}]", ast.unparse(node))
-                return batched(name, indices)
+                name = node.value.id
+                return _batched(name, _batch_indices(node, name, data_ranks[name]))
             self.generic_visit(node)
             return node
 
         def visit_Name(self, node: ast.Name) -> ast.expr:
             if data_ranks.get(node.id, 0) > 0:
-                raise _drift(rule, f"{node.id} read one entry at a time",
-                             f"the whole array {node.id} used")
+                raise _whole_array_drift(node.id)
             return node
 
     return Index().visit(module)
@@ -383,6 +435,43 @@ def _is_leaf_read(node: ast.expr) -> bool:
     return False
 
 
+class _Gate(ast.NodeTransformer):
+    def __init__(self, taken: ast.expr) -> None:
+        self.taken = taken
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if isinstance(node, ast.expr) and _is_leaf_read(node):
+            return ast.Call(_load("gate"), [copy.deepcopy(self.taken), node], [])
+        return super().visit(node)
+
+
+def _guarded_select(node: ast.Call, branches: Iterator[int], prelude: list[ast.stmt]) -> ast.expr:
+    """A select whose conditions and choices are already guarded, with its branch index
+    `_b<next(branches)>` appended to `prelude` and every input read of its choices gated."""
+    rule = "guard_piecewise_gradients"
+    if _callee(node.func, rule).name != "select":
+        return node
+    if (len(node.args) != 2 or not all(isinstance(a, ast.List) for a in node.args)
+            or len(node.args[0].elts) != len(node.args[1].elts)):
+        raise _drift(rule, "select([conditions], [choices], default=...)", ast.unparse(node))
+    conditions, choices = node.args[0].elts, node.args[1].elts
+    if not any(_is_leaf_read(n) for c in choices for n in ast.walk(c)):
+        return node
+    branch = f"_b{next(branches)}"
+    prelude.append(_located(ast.Assign(
+        [ast.Name(branch, ast.Store())],
+        ast.Call(copy.deepcopy(node.func),
+                 [ast.List(conditions, ast.Load()),
+                  ast.List([ast.Constant(k) for k in range(len(choices))], ast.Load())],
+                 [ast.keyword("default", ast.Constant(-1))]),
+    )))
+    taken = [ast.Compare(_load(branch), [ast.Eq()], [ast.Constant(k)])
+             for k in range(len(choices))]
+    gated = [_Gate(taken[k]).visit(choice) for k, choice in enumerate(choices)]
+    return ast.Call(node.func, [ast.List(copy.deepcopy(taken), ast.Load()),
+                                ast.List(gated, ast.Load())], node.keywords)
+
+
 def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
     """Make Piecewise gradient-safe: inputs of each branch go through `gate(taken, ·)`.
 
@@ -390,19 +479,9 @@ def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
     conditions, a select on that index, and choices whose every input read is gated by
     `_bK == k`: an untaken branch then contributes an exact zero, never a NaN, to a gradient.
     """
-    rule = "guard_piecewise_gradients"
-    function = kernel_function(module, rule)
-    counter = iter(range(1 << 30))
+    function = kernel_function(module, "guard_piecewise_gradients")
+    branches = iter(range(1 << 30))
     new_body: list[ast.stmt] = []
-
-    class Gate(ast.NodeTransformer):
-        def __init__(self, taken: ast.expr) -> None:
-            self.taken = taken
-
-        def visit(self, node: ast.AST) -> ast.AST:
-            if isinstance(node, ast.expr) and _is_leaf_read(node):
-                return ast.Call(_load("gate"), [copy.deepcopy(self.taken), node], [])
-            return super().visit(node)
 
     class Guard(ast.NodeTransformer):
         def __init__(self) -> None:
@@ -410,28 +489,7 @@ def guard_piecewise_gradients(module: ast.Module) -> ast.Module:
 
         def visit_Call(self, node: ast.Call) -> ast.expr:
             self.generic_visit(node)
-            if _callee(node.func, rule).name != "select":
-                return node
-            if (len(node.args) != 2 or not all(isinstance(a, ast.List) for a in node.args)
-                    or len(node.args[0].elts) != len(node.args[1].elts)):
-                raise _drift(rule, "select([conditions], [choices], default=...)",
-                             ast.unparse(node))
-            conditions, choices = node.args[0].elts, node.args[1].elts
-            if not any(_is_leaf_read(n) for c in choices for n in ast.walk(c)):
-                return node
-            branch = f"_b{next(counter)}"
-            self.prelude.append(_located(ast.Assign(
-                [ast.Name(branch, ast.Store())],
-                ast.Call(copy.deepcopy(node.func),
-                         [ast.List(conditions, ast.Load()),
-                          ast.List([ast.Constant(k) for k in range(len(choices))], ast.Load())],
-                         [ast.keyword("default", ast.Constant(-1))]),
-            )))
-            taken = [ast.Compare(_load(branch), [ast.Eq()], [ast.Constant(k)])
-                     for k in range(len(choices))]
-            gated = [Gate(taken[k]).visit(choice) for k, choice in enumerate(choices)]
-            return ast.Call(node.func, [ast.List(copy.deepcopy(taken), ast.Load()),
-                                        ast.List(gated, ast.Load())], node.keywords)
+            return _guarded_select(node, branches, self.prelude)
 
     for statement in function.body:
         guard = Guard()
@@ -501,16 +559,21 @@ def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) ->
         if isinstance(statement, ast.Assign) and _reads_data(statement.value, data_locals):
             data_locals.update(n.id for t in statement.targets for n in ast.walk(t)
                                if isinstance(n, ast.Name))
+    _broadcast_entries(returned.value, data_ranks, data_locals)
+    return module
+
+
+def _broadcast_entries(returned: ast.Tuple, data_ranks: Sequence[int],
+                       data_locals: set[str]) -> None:
     shape: ast.expr = ast.Attribute(_load("x1"), "shape", ast.Load())
     if data_ranks[0]:
         shape = ast.Subscript(shape, ast.Slice(None, ast.Constant(-data_ranks[0]), None),
                               ast.Load())
-    returned.value.elts = [
+    returned.elts = [
         value if _reads_data(value, data_locals)
         else ast.Call(target_node("jnp.broadcast_to"), [value, copy.deepcopy(shape)], [])
-        for value in returned.value.elts
+        for value in returned.elts
     ]
-    return module
 
 
 @dataclass(frozen=True)
@@ -580,8 +643,16 @@ def hoist_array_literals(
     `embed_max_bytes` stay in the code, where XLA can fold them. The same literal used
     twice is one const arg. The values are appended to `hoisted`, in signature order.
     """
+    function = kernel_function(module, "hoist_array_literals")
+    _hoist_literals(function, range(len(function.body)), embed_max_bytes, dtype, hoisted)
+    return module
+
+
+def _hoist_literals(function: ast.FunctionDef, where: Iterable[int], embed_max_bytes: int,
+                    dtype: np.dtype, hoisted: list[HoistedLiteral]) -> None:
+    """hoist_array_literals on the statements at the positions `where` (in order): the
+    others hold no array constructor."""
     rule = "hoist_array_literals"
-    function = kernel_function(module, rule)
     by_content: dict[tuple, str] = {}
     values: dict[str, np.ndarray] = {}
 
@@ -603,11 +674,200 @@ def hoist_array_literals(
                 values[name] = value
             return _load(by_content[key])
 
-    function.body = [Hoist().visit(statement) for statement in function.body]
+    hoist = Hoist()
+    for position in where:
+        function.body[position] = hoist.visit(function.body[position])
     if not by_content:
-        return module
+        return
     dependencies = output_dependencies(function, set(values))
     for name, value in values.items():
         hoisted.append(HoistedLiteral(name, value, tuple(sorted(dependencies[name]))))
     function.args.args = [ast.arg(name) for name in values] + function.args.args
+
+
+# ---- the whole sequence in one walk ------------------------------------------------------
+
+#: the node types the walk passes through without looking inside (operators, contexts)
+_PASSED_THROUGH = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
+class _OneWalk:
+    """The rules from substitute_arguments to hoist_data_reads and guard_piecewise_gradients,
+    node by node, in one walk: each node is rewritten once its children are, by each rule in
+    order, as the rules run one after the other over the whole tree (every rule a walk of
+    its own was most of a 10^5-operation build's rewrite stage). Where the rules see a node
+    in another order, the walk follows them: a `reduce` is unfolded before its arguments are
+    resolved, a callee is resolved whole, a read of a data argument is indexed without
+    looking at the argument as a name."""
+
+    def __init__(self, targets: Mapping[str, tuple[object, ...] | str], local: set[str],
+                 user_functions: Mapping[str, str], data_ranks: Mapping[str, int]) -> None:
+        self.targets, self.local = targets, local
+        self.user_functions, self.data_ranks = user_functions, data_ranks
+        self.rebind = _Rebind(targets)
+        self.rebound = False  # inside a reduce that substitute_arguments already rewrote
+        self.branches = iter(range(1 << 30))
+        self.reads: dict[tuple, ast.expr] = {}  # hoist_data_reads: each read's first node
+        self.read_names: list[tuple[tuple, ast.Name]] = []
+        # per statement: the prelude of branch indices, the names it reads, whether it
+        # reads a hoisted data read, whether it calls an array constructor
+        self.prelude: list[ast.stmt] = []
+        self.names: set[str] = set()
+        self.reads_data = False
+        self.arrays = False
+
+    def statement(self, node: ast.stmt) -> ast.stmt:
+        self.prelude, self.names, self.reads_data, self.arrays = [], set(), False, False
+        return self.generic(node)
+
+    def expr(self, node: ast.AST) -> ast.AST:
+        kind = type(node)
+        if kind is ast.Name:
+            return self.name(node)
+        if kind is ast.Constant:
+            return node
+        if kind is ast.BinOp:
+            node.left = self.expr(node.left)
+            node.right = self.expr(node.right)
+            return _integer_pow(node)
+        if kind is ast.Call:
+            return self.call(node)
+        if kind is ast.Subscript:
+            return self.subscript(node)
+        if kind is ast.UnaryOp:
+            node.operand = self.expr(node.operand)
+            return node
+        if kind is ast.Attribute:
+            raise _attribute_drift(node if self.rebound else self.rebind.visit(node))
+        return self.generic(node)
+
+    def generic(self, node: ast.AST) -> ast.AST:
+        for field_name in node._fields:
+            value = getattr(node, field_name, None)
+            if isinstance(value, list):
+                value[:] = [self.expr(item) if isinstance(item, ast.AST)
+                            and not isinstance(item, _PASSED_THROUGH) else item for item in value]
+            elif isinstance(value, ast.AST) and not isinstance(value, _PASSED_THROUGH):
+                setattr(node, field_name, self.expr(value))
+        return node
+
+    def name(self, node: ast.Name) -> ast.expr:
+        if not self.rebound and node.id in self.targets:
+            rebound = _rebound_argument(node, self.targets)
+            if not isinstance(rebound, ast.Name):
+                return rebound  # a parameter's path: `ps` and its keys, read as they are
+            node = rebound
+        resolved = _resolved_name(node, self.local)
+        if resolved is node:
+            if self.data_ranks.get(node.id, 0) > 0:
+                raise _whole_array_drift(node.id)
+            if isinstance(node.ctx, ast.Load):
+                self.names.add(node.id)
+        return resolved
+
+    def subscript(self, node: ast.Subscript) -> ast.expr:
+        value = node.value
+        if isinstance(value, ast.Name):
+            if not self.rebound and value.id in self.targets:
+                value = _rebound_argument(value, self.targets)
+            if isinstance(value, ast.Name) and value.id in self.data_ranks:
+                if not _constant_indices(node.slice):
+                    node.slice = self.expr(node.slice)
+                node.value = value
+                name = value.id
+                batched = _batched(name, _batch_indices(node, name, self.data_ranks[name]))
+                return self.hoisted_read(batched)
+            node.value = value if not isinstance(value, ast.Name) else self.name(value)
+        else:
+            node.value = self.expr(value)
+        node.slice = self.expr(node.slice)
+        read = _batched_read(node)
+        return node if read is None else self.hoisted_read(node)
+
+    def hoisted_read(self, node: ast.Subscript) -> ast.Name:
+        read = _batched_read(node)
+        self.reads.setdefault(read, node)
+        local = _load(f"_d{len(self.read_names)}")  # renamed in index order at the end
+        self.read_names.append((read, local))
+        self.reads_data = True
+        return local
+
+    def call(self, node: ast.Call) -> ast.expr:
+        if not self.rebound and isinstance(node.func, ast.Name) and node.func.id == "reduce":
+            # substitute_arguments and unfold_reductions run before resolve_callees looks
+            # at the reduced function, an argument
+            unfolded = _Unfold().visit(self.rebind.visit(node))
+            self.rebound = True
+            try:
+                return self.expr(unfolded)
+            finally:
+                self.rebound = False
+        node.args = [self.expr(argument) for argument in node.args]
+        node.keywords = [self.generic(keyword) for keyword in node.keywords]
+        callee = _callee(node.func, "resolve_callees")  # a receiver is rebound below
+        if callee.receiver is not None:
+            callee = CalleeName(callee.name, self.expr(callee.receiver))
+        resolved = _resolved_call(node, callee, self.user_functions)
+        if _callee(resolved.func, "hoist_array_literals").name == "array":
+            self.arrays = True
+        return _guarded_select(resolved, self.branches, self.prelude)
+
+
+def apply_rules(
+    module: ast.Module,
+    *,
+    argument_names: Sequence[str],
+    data_count: int,
+    parameter_paths: Sequence[Sequence[object]],
+    user_functions: Mapping[str, str],
+    data_ranks: Mapping[str, int],
+    printed_shapes: Sequence[Sequence[int]],
+    embed_max_bytes: int,
+    dtype: np.dtype,
+    hoisted: list[HoistedLiteral],
+) -> ast.Module:
+    """Every rule, in the order of `symkern.codegen.pipeline.rule_sequence`, with one walk of
+    the tree: the same tree, const args and errors as the rules one after the other, except
+    that where a tree drifted in more than one way, the drift reported is the first in the
+    tree rather than the one of the earliest rule.
+    """
+    function, targets = _argument_targets(module, argument_names, data_count, parameter_paths)
+    _kernel_signature(function, data_count, bool(parameter_paths))
+    walk = _OneWalk(targets, _local_names(function), user_functions, data_ranks)
+    body: list[ast.stmt] = []
+    reads: dict[int, tuple[set[str], bool]] = {}  # id(statement) -> (names, reads data)
+    arrays: list[ast.stmt] = []
+    for statement in function.body:
+        rewritten = walk.statement(statement)
+        body.extend(walk.prelude)
+        body.append(rewritten)
+        reads[id(rewritten)] = walk.names, walk.reads_data
+        if walk.arrays:
+            arrays.extend([*walk.prelude, rewritten])
+    names = {read: f"_d{k}" for k, read in enumerate(sorted(walk.reads))}
+    for read, local in walk.read_names:
+        local.id = names[read]
+    function.body = [_located(ast.Assign([ast.Name(names[read], ast.Store())],
+                                         copy.deepcopy(walk.reads[read])))
+                     for read in sorted(walk.reads)] + body
+    stack_outputs(module, printed_shapes)
+    ranks = list(data_ranks.values())
+    if ranks:
+        data_locals = set(names.values())
+        for statement in function.body[len(names):-1]:
+            if not isinstance(statement, ast.Assign):
+                continue
+            found = reads.get(id(statement))
+            if found is None:  # a branch index: read as written
+                data = _reads_data(statement.value, data_locals)
+            else:
+                data = found[1] or any(DATA_NAME.match(n) or n in data_locals for n in found[0])
+            if data:
+                data_locals.update(n.id for t in statement.targets for n in ast.walk(t)
+                                   if isinstance(n, ast.Name))
+        _broadcast_entries(function.body[-1].value, ranks, data_locals)  # type: ignore[attr-defined]
+    if arrays:
+        where = {id(statement) for statement in arrays}
+        _hoist_literals(function, [k for k, s in enumerate(function.body) if id(s) in where],
+                        embed_max_bytes, dtype, hoisted)
     return module

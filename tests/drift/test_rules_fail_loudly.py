@@ -2,8 +2,9 @@
 
 tests/codegen/test_rules.py feeds each rule a hand-written tree. Here the tree is what the
 installed SymPy really printed, mutated the way an upgrade could change it, and run through
-the whole rule sequence in order: the error must come from the rule named, before anything
-runs — a rule that silently stopped matching would leave a kernel that is wrong, not broken.
+the whole rule sequence in order, and through the one walk the build runs them in: the error
+must come from the rule named, before anything runs — a rule that silently stopped matching
+would leave a kernel that is wrong, not broken.
 """
 
 import ast
@@ -16,7 +17,7 @@ import pytest
 import sympy as sp
 
 from symkern.codegen.emit import emit
-from symkern.codegen.pipeline import rule_sequence
+from symkern.codegen.pipeline import apply_rules, rule_sequence
 from symkern.errors import CodegenDriftError
 from symkern.symbolic.arguments import data_argument, equation_set, parameter_arguments
 
@@ -37,8 +38,11 @@ def emitted_program(cse: bool):
     return emit(equations, arguments, cse=cse), equations, arguments
 
 
-def run_rules(module: ast.Module, cse: bool) -> ast.Module:
+def run_rules(module: ast.Module, cse: bool, one_walk: bool = False) -> ast.Module:
+    """The rules one after the other, or as the build runs them (`apply_rules`, one walk)."""
     emitted, equations, arguments = emitted_program(cse)
+    if one_walk:
+        return apply_rules(module, emitted, equations, arguments, 2)
     for _name, rule in rule_sequence(emitted, equations, arguments, 2):
         module = rule(module)
     return module
@@ -181,10 +185,11 @@ def mutated(cse: bool, mutation) -> ast.Module:
     return changed
 
 
+@pytest.mark.parametrize("one_walk", [False, True], ids=["one after the other", "one walk"])
 @pytest.mark.parametrize("cse", [False, True])
-def test_the_unmutated_upstream_form_passes_every_rule(cse):
+def test_the_unmutated_upstream_form_passes_every_rule(cse, one_walk):
     emitted, _, _ = emitted_program(cse)
-    source = ast.unparse(run_rules(ast.parse(emitted.source), cse))
+    source = ast.unparse(run_rules(ast.parse(emitted.source), cse, one_walk))
     assert "x1[..., 0]" in source and "x2[..., 1, 1]" in source
 
 
@@ -193,13 +198,14 @@ def test_the_unmutated_upstream_form_passes_every_rule(cse):
     [(d, m, r, cse) for d, m, r, cses in MUTATIONS for cse in cses],
     ids=[f"{d}-cse={cse}" for d, _, _, cses in MUTATIONS for cse in cses],
 )
+@pytest.mark.parametrize("one_walk", [False, True], ids=["one after the other", "one walk"])
 def test_a_changed_upstream_form_is_reported_by_the_rule_that_depends_on_it(
-        description, mutation, rule, cse):
+        description, mutation, rule, cse, one_walk):
     if drift_in_unmutated_form(cse):
         pytest.skip(f"SymPy's own output already drifts: {drift_in_unmutated_form(cse)}")
     module = mutated(cse, mutation)
     with pytest.raises(CodegenDriftError, match=rf"^{re.escape(rule)}: expected "):
-        run_rules(module, cse)
+        run_rules(module, cse, one_walk)
 
 
 def test_a_computed_callee_is_reported_by_resolve_callees():
@@ -207,6 +213,7 @@ def test_a_computed_callee_is_reported_by_resolve_callees():
         node.func = ast.Subscript(ast.Name("ops", ast.Load()), ast.Constant("sin"), ast.Load())
         return node
 
-    module = mutated(False, Replace(ast.Call, calls_named("sin", subscripted_sin)))
-    with pytest.raises(CodegenDriftError, match=r"^resolve_callees: "):
-        run_rules(module, False)
+    for one_walk in (False, True):
+        module = mutated(False, Replace(ast.Call, calls_named("sin", subscripted_sin)))
+        with pytest.raises(CodegenDriftError, match=r"^resolve_callees: "):
+            run_rules(module, False, one_walk)
