@@ -85,6 +85,14 @@ class ActivationForms:
         except TypeError:  # an unhashable callable activation: derive it afresh
             return _activation_forms.__wrapped__(layer.activation, layer.forms.sympy)
 
+    def derivative(self, order: int) -> sp.Expr:
+        """σ⁽ᵒʳᵈᵉʳ⁾ (order 0 is σ): a third or higher derivative is taken when first asked for."""
+        if order < 0:
+            raise BuildError(f"order: expected a non-negative integer, got {order}")
+        if order <= 2:
+            return (self.value, self.first, self.second)[order]
+        return _higher_derivative(self, order)
+
     @property
     def is_identity(self) -> bool:
         return self.value == self.variable
@@ -116,6 +124,11 @@ def _activation_forms(activation: Any, sympy_form: Any) -> ActivationForms:
     value = sp.sympify(sympy_form(z))
     first = sp.diff(value, z)
     return ActivationForms(z, value, first, sp.diff(first, z))
+
+
+@functools.lru_cache(maxsize=256)
+def _higher_derivative(forms: ActivationForms, order: int) -> sp.Expr:
+    return sp.diff(forms.derivative(order - 1), forms.variable)
 
 
 # ---- network outputs in SymPy --------------------------------------------------------------
@@ -399,6 +412,30 @@ class Zeros:
 
 
 @dataclass(frozen=True)
+class Sum:
+    """`jnp.sum(x, axis=axes, keepdims=keepdims)` over per-sample axes (negative: the batch leads)."""
+
+    operand: Any
+    axes: tuple[int, ...]
+    keepdims: bool
+
+    def __repr__(self) -> str:
+        return f"sum({self.operand!r}, {self.axes}{', keepdims' if self.keepdims else ''})"
+
+
+@dataclass(frozen=True)
+class Stack:
+    """`jnp.stack(operands, axis)`, a None operand standing for zeros shaped like the others."""
+
+    operands: tuple[Any, ...]
+    axis: int
+
+    def __repr__(self) -> str:
+        shown = ", ".join("0" if o is None else repr(o) for o in self.operands)
+        return f"stack([{shown}], {self.axis})"
+
+
+@dataclass(frozen=True)
 class Assign:
     target: str
     value: Any
@@ -409,15 +446,17 @@ class Assign:
 
 @dataclass(frozen=True)
 class Activate:
-    """`targets[k] = σ⁽ᵏ⁾(source)` for k = 0, 1, 2 (None: not computed), from `forms`."""
+    """`targets[k] = σ⁽ᵏ⁾(source)` for k = 0, 1, …, len(targets) − 1 (None: not computed,
+    or ≡ 1 for k = 1, ≡ 0 for k ≥ 2, as `forms` says), from `forms`."""
 
     source: str
-    targets: tuple[str | None, str | None, str | None]
+    targets: tuple[str | None, ...]
     forms: ActivationForms
 
     def __repr__(self) -> str:
         names = ", ".join(t or "_" for t in self.targets)
-        return f"{names} = σ, σ', σ''({self.source})"
+        primes = ", ".join(f"σ{chr(0x2032) * k}" if k < 3 else f"σ({k})" for k in range(len(self.targets)))
+        return f"{names} = {primes}({self.source})"
 
 
 Step = Assign | Activate
@@ -433,6 +472,63 @@ def _scale_rows(d: Any, x: Any) -> Any:
     return x if d is None else Mul(Index(d, (":", None)), x)
 
 
+def _swap(node: Any) -> Any:
+    """The last two axes of `node` swapped, folding `W.T` back to `W`."""
+    if isinstance(node, Transpose):
+        return node.operand
+    if isinstance(node, Param):
+        return Transpose(node)
+    return SwapLast(node)
+
+
+def _outer(column: Any, row: Any) -> Any:
+    """column[..., :, None] * row[..., None, :]."""
+    return Mul(Index(column, (":", None)), Index(row, (None, ":")))
+
+
+def _merge_stacks(parts: list[Any]) -> list[Any]:
+    """Stacks of the same axis and length as one stack of the sums of their entries (the
+    seeds of the entries of one vector, the columns of a first-layer weight)."""
+    stacks = [p for p in parts if isinstance(p, Stack)]
+    if len(stacks) < 2 or len({(p.axis, len(p.operands)) for p in stacks}) > 1:
+        return parts
+    merged: list[Any] = [None] * len(stacks[0].operands)
+    for stack in stacks:
+        for k, operand in enumerate(stack.operands):
+            if operand is not None:
+                merged[k] = operand if merged[k] is None else Add(merged[k], operand)
+    return [Stack(tuple(merged), stacks[0].axis)] + [p for p in parts if not isinstance(p, Stack)]
+
+
+def _broadcast(left: Shape, right: Shape) -> Shape:
+    rank = max(len(left), len(right))
+    left, right = (1,) * (rank - len(left)) + left, (1,) * (rank - len(right)) + right
+    out = []
+    for a, b in zip(left, right, strict=True):
+        if a != b and 1 not in (a, b):
+            raise BuildError(f"internal: per-sample shapes {left} and {right} do not broadcast")
+        out.append(max(a, b))
+    return tuple(out)
+
+
+def partitions(items: tuple[int, ...]) -> Iterator[list[tuple[int, ...]]]:
+    """Every partition of the positions of `items` into blocks, each block as its sorted items.
+
+    The terms of Faà di Bruno's formula: ∂_S σ(z) = Σ_π σ⁽|π|⁾(z) Π_{B ∈ π} ∂_B z.
+
+    >>> [p for p in partitions((0, 1))]
+    [[(0,), (1,)], [(0, 1)]]
+    """
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in partitions(rest):
+        yield [(first,), *partition]
+        for k, block in enumerate(partition):
+            yield [*partition[:k], tuple(sorted((first, *block))), *partition[k + 1:]]
+
+
 #: widest layer for which the forward Jacobian is multiplied from the right (see below)
 NARROW_JACOBIAN_WIDTH = 16
 
@@ -443,7 +539,7 @@ class NetworkProgram:
     Names get `suffix` (`""` for the first application, `"_2"`, … after). Each quantity is
     emitted once, the first time it is asked for (memoised), in dependency order:
 
-    * forward: `z_l = h_{l-1} @ W_l.T + b_l`, `h_l, d_l, s_l = σ, σ', σ''(z_l)`;
+    * forward: `z_l = h_{l-1} @ W_l.T + b_l`, `h_l, d_l, s_l, … = σ, σ', σ'', …(z_l)`;
     * input Jacobian, forward (n ≤ m): `diag(σ'(z_L)) W_L … diag(σ'(z_1)) W_1`. With
       layers at most NARROW_JACOBIAN_WIDTH wide, as `v_l = d_l[..., :, None] * (W_l @ v_{l-1})`,
       `v_1 = d_1[..., :, None] * W_1`, J = v_L, already (…, m, n); wider, as tangents
@@ -453,11 +549,15 @@ class NetworkProgram:
       at 32 and 128 the second is 10–15 % ahead. The Hessian's `U_l` products use `t_l`;
     * input Jacobian, reverse (m < n, e.g. ∇H of a scalar H): adjoints
       `a_{L-1} = d_L[..., :, None] * W_L`, `a_{l-1} = (a_l * d_l[..., None, :]) @ W_l`, J = a_0;
+      for one output the rows are vectors (…, w_l), so every product is a batch-folded GEMM;
     * input Hessian: `∇²y_k = Σ_l U_lᵀ diag(a_l[k] ⊙ σ''(z_l)) U_l` with U_l = ∂z_l/∂x
       (the tangents before scaling) and a_l = ∂y/∂h_l (a_L = I): only activations curve, z is
       affine. That needs (…, n, w) per layer, where forward-over-forward needs (…, n, n, w);
-    * parameter gradient for a seed `g = ∂loss/∂y`: `e_L = g * d_L`, `e_{l-1} = (e_l @ W_l) * d_{l-1}`,
-      `∂/∂W_l = e_l[..., :, None] * h_{l-1}[..., None, :]`, `∂/∂b_l = e_l`.
+    * entries of derivatives of any order along input directions S = (i, j, …), as vectors
+      (…, w_l) per direction set (`tangent`): `∂_S z_l = ∂_S h_{l-1} @ W_l.T`, `∂_i z_1 = W_1[:, i]`,
+      `∂_S h_l = Σ_π σ⁽|π|⁾(z_l) Π_{B∈π} ∂_B z_l` over the partitions π of S (Faà di Bruno);
+    * per-sample parameter gradients of any scalar formula of the above (`vjp`): reverse mode
+      over these very steps, seeded with the formula's partial derivatives from SymPy.
     """
 
     def __init__(self, network: StructuredNetwork, source: Any, suffix: str = "",
@@ -469,13 +569,16 @@ class NetworkProgram:
         self.steps: list[Step] = []
         self._memo: dict[tuple, Any] = {}
         self.depth = len(network.net.layers)
+        #: (batched, per-sample shape) of every named array of the forward program
+        self.shapes: dict[str, tuple[bool, Shape]] = {}
+        if isinstance(source, Ref):
+            self.shapes[source.name] = (True, (network.net.input_dim,))
 
     def __repr__(self) -> str:
         return f"NetworkProgram({self.network!r}, {len(self.steps)} steps)"
 
     def local_name(self, stem: str) -> str:
-        """The name a value of this program takes in the generated code (`H` → `H2`)."""
-        """The name of a value of this program in the generated code (`H` → `H_1`)."""
+        """The name of a value of this program in the generated code (`H` → `H_2`)."""
         return f"{stem}{self.suffix}"
 
     def _once(self, key: tuple, build: Any) -> Any:
@@ -485,6 +588,7 @@ class NetworkProgram:
 
     def _assign(self, stem: str, value: Any) -> Ref:
         name = self.local_name(stem)
+        self.shapes[name] = self.shape_of(value)
         self.steps.append(Assign(name, value))
         return Ref(name)
 
@@ -494,36 +598,84 @@ class NetworkProgram:
     def _b(self, layer: int) -> Param:
         return Param((self.network.layer_names[layer - 1], "b"))
 
+    # -- shapes ----------------------------------------------------------------------------------
+    def shape_of(self, node: Any) -> tuple[bool, Shape]:
+        """Whether `node` carries the batch dimensions, and its shape per sample."""
+        if isinstance(node, Ref):
+            return self.shapes[node.name]
+        if isinstance(node, Param):
+            return False, self.network.parameter_shapes[node.path]
+        if isinstance(node, Zeros):
+            return False, node.shape
+        if isinstance(node, (Transpose, SwapLast)):
+            batched, shape = self.shape_of(node.operand)
+            return batched, shape[:-2] + (shape[-1], shape[-2])
+        if isinstance(node, Index):
+            batched, shape = self.shape_of(node.operand)
+            consumed = sum(item is not None for item in node.items)
+            mapped = []
+            axes = iter(shape[len(shape) - consumed:])
+            for item in node.items:
+                if item is None:
+                    mapped.append(1)
+                elif item == ":":
+                    mapped.append(next(axes))
+                else:
+                    next(axes)
+            return batched, shape[:len(shape) - consumed] + tuple(mapped)
+        if isinstance(node, (Mul, Add)):
+            (lb, ls), (rb, rs) = self.shape_of(node.left), self.shape_of(node.right)
+            if (lb != rb) and len(rs if lb else ls) > len(ls if lb else rs):
+                raise BuildError(f"internal: {node!r} would broadcast a weight against the batch")
+            return lb or rb, _broadcast(ls, rs)
+        if isinstance(node, MatMul):
+            (lb, ls), (rb, rs) = self.shape_of(node.left), self.shape_of(node.right)
+            if len(ls) == 1 and len(rs) == 2 and not rb:
+                return lb, (rs[1],)
+            if len(ls) < 2 or len(rs) < 2:
+                raise BuildError(f"internal: {node!r}: a batched vector times a batched matrix")
+            return lb or rb, _broadcast(ls[:-2], rs[:-2]) + (ls[-2], rs[-1])
+        raise BuildError(f"internal: no shape for {node!r}")
+
     # -- forward ---------------------------------------------------------------------------------
-    def _layer(self, layer: int) -> tuple[Any, Any, Any]:
-        """(h_l, d_l, s_l): value, σ' and σ'' (None where σ' ≡ 1 or σ'' ≡ 0)."""
-        def build() -> tuple[Any, Any, Any]:
+    def _layer(self, layer: int) -> tuple[Any, ...]:
+        """(h_l, σ'(z_l), σ''(z_l), …) up to `orders`: None where σ' ≡ 1 or σ⁽ᵏ⁾ ≡ 0 (k ≥ 2)."""
+        def build() -> tuple[Any, ...]:
             previous = self.h(layer - 1)
             z = self._assign(f"z{layer}", Add(MatMul(previous, Transpose(self._w(layer))),
                                                self._b(layer)))
             forms = self.network.activations[layer - 1]
             if forms.is_identity:
-                return z, None, None
-            wanted = [f"h{layer}",
-                      None if self.orders < 1 or forms.first_is_one else f"d{layer}",
-                      None if self.orders < 2 or forms.second_is_zero else f"s{layer}"]
+                return (z,) + (None,) * self.orders
+            wanted: list[str | None] = [f"h{layer}"]
+            for k in range(1, self.orders + 1):
+                constant = forms.derivative(k)
+                if constant == (1 if k == 1 else 0):
+                    wanted.append(None)
+                else:
+                    wanted.append({1: f"d{layer}", 2: f"s{layer}"}.get(k, f"s{layer}_{k}"))
             targets = tuple(self.local_name(t) if t else None for t in wanted)
             self.steps.append(Activate(z.name, targets, forms))
+            for target in targets:
+                if target:
+                    self.shapes[target] = self.shapes[z.name]
             return tuple(Ref(t) if t else None for t in targets)
         return self._once(("layer", layer), build)
+
+    def sigma(self, layer: int, order: int) -> Any:
+        """σ⁽ᵒʳᵈᵉʳ⁾(z_l), or None (≡ 1 for order 1, ≡ 0 above)."""
+        if order > self.orders:
+            raise BuildError(f"internal: σ of order {order} asked for but not planned")
+        return self._layer(layer)[order]
 
     def h(self, layer: int) -> Any:
         return self.source if layer == 0 else self._layer(layer)[0]
 
     def d(self, layer: int) -> Any:
-        if self.orders < 1:
-            raise BuildError("internal: σ' asked for but not planned")
-        return self._layer(layer)[1]
+        return self.sigma(layer, 1)
 
     def s(self, layer: int) -> Any:
-        if self.orders < 2:
-            raise BuildError("internal: σ'' asked for but not planned")
-        return self._layer(layer)[2]
+        return self.sigma(layer, 2)
 
     def output(self) -> Any:
         return self.h(self.depth)
@@ -555,6 +707,9 @@ class NetworkProgram:
 
     def a(self, layer: int) -> Any:
         """∂y/∂h_l: (…, m, w_l), for l < L (a_L is the identity)."""
+        if self.network.net.output_dim == 1:
+            return Index(self.row(layer), (None, ":"))
+
         def build() -> Any:
             if layer == self.depth - 1:
                 value = _scale_rows(self.d(self.depth), self._w(self.depth))
@@ -563,6 +718,20 @@ class NetworkProgram:
                                self._w(layer + 1))
             return self._assign(f"a{layer}", value)
         return self._once(("a", layer), build)
+
+    def row(self, layer: int) -> Any:
+        """∂y_0/∂h_l of a one-output network: (…, w_l), for l < L."""
+        def build() -> Any:
+            if layer == self.depth - 1:
+                last = Index(self._w(self.depth), (0, ":"))
+                d = self.d(self.depth)
+                value = last if d is None else Mul(d, last)
+            else:
+                d = self.d(layer + 1)
+                above = self.row(layer + 1)
+                value = MatMul(above if d is None else Mul(above, d), self._w(layer + 1))
+            return self._assign(f"a{layer}", value)
+        return self._once(("row", layer), build)
 
     def jacobian(self) -> Any:
         """∂y/∂x: (…, m, n), forward if n ≤ m, else reverse (cost min(m, n) passes)."""
@@ -608,24 +777,174 @@ class NetworkProgram:
             return self._assign("H", total)
         return self._once(("H",), build)
 
+    def _direction_name(self, stem: str, layer: int, directions: tuple[int, ...]) -> str:
+        return f"{stem}{layer}x{'x'.join(map(str, directions))}"
+
+    def pre_tangent(self, layer: int, directions: tuple[int, ...]) -> Any:
+        """∂_S z_l for the sorted input directions S: (…, w_l), or None (≡ 0)."""
+        def build() -> Any:
+            if layer == 1:
+                return Index(self._w(1), (":", directions[0])) if len(directions) == 1 else None
+            below = self.tangent(layer - 1, directions)
+            if below is None:
+                return None
+            return self._assign(self._direction_name("dz", layer, directions),
+                                MatMul(below, Transpose(self._w(layer))))
+        return self._once(("dz", layer, directions), build)
+
+    def tangent(self, layer: int, directions: tuple[int, ...]) -> Any:
+        """∂_S h_l for the sorted input directions S: (…, w_l), or None (≡ 0)."""
+        def build() -> Any:
+            terms = []
+            for partition in partitions(directions):
+                factors = [self.pre_tangent(layer, block) for block in partition]
+                sigma = self.sigma(layer, len(partition))
+                if any(f is None for f in factors) or (sigma is None and len(partition) > 1):
+                    continue
+                product = factors[0]
+                for factor in factors[1:]:
+                    product = Mul(product, factor)
+                terms.append(product if sigma is None else Mul(sigma, product))
+            if not terms:
+                return None
+            total = terms[0]
+            for term in terms[1:]:
+                total = Add(total, term)
+            if isinstance(total, Ref) or self.shape_of(total)[0] is False:
+                return total
+            return self._assign(self._direction_name("dh", layer, directions), total)
+        return self._once(("dh", layer, directions), build)
+
+    def derivative_entry(self, output: int, directions: tuple[int, ...], reverse: bool) -> Any:
+        """∂_S y_k, per sample (…,); first derivatives from the reverse rows if `reverse`."""
+        if reverse and len(directions) == 1:
+            if self.network.net.output_dim == 1:
+                return Index(self.row(0), (directions[0],))
+            return Index(self.a(0), (output, directions[0]))
+        value = self.tangent(self.depth, directions)
+        return Zeros(()) if value is None else Index(value, (output,))
+
     # -- parameter gradients -----------------------------------------------------------------------
-    def backprop(self, seed: Ref, tag: str) -> dict[Path, Any]:
-        """Per-sample ∂loss/∂ps for `seed` = ∂loss/∂y (…, m); names get `tag`."""
-        gradients: dict[Path, Any] = {}
-        delta: Any = None
-        for layer in range(self.depth, 0, -1):
-            d = self.d(layer)
-            if layer == self.depth:
-                value: Any = seed if d is None else Mul(seed, d)
+    def vjp(self, cotangents: Sequence[tuple[Any, Ref]], tag: str) -> dict[Path, Any]:
+        """Per-sample Σ_c ⟨seed_c, ∂node_c/∂ps⟩ for `cotangents` (node of this program, seed):
+        reverse mode over the steps emitted so far, its steps appended; names get `tag`.
+        A parameter the nodes do not depend on gets `Zeros` of its shape."""
+        adjoints: dict[str, list[Any]] = {}
+        parameters: dict[Path, list[Any]] = {}
+
+        def reduce_to(adjoint: Any, source: Shape, target: Shape) -> Any:
+            extra = len(source) - len(target)
+            if extra < 0:
+                raise BuildError(f"internal: adjoint of shape {source} for a {target} operand")
+            if extra:
+                adjoint = Sum(adjoint, tuple(range(-len(source), -len(target))), False)
+            kept = tuple(k - len(target) for k, (a, b) in enumerate(zip(source[extra:], target, strict=True))
+                         if b == 1 and a != 1)
+            return Sum(adjoint, kept, True) if kept else adjoint
+
+        def deposit(node: Any, adjoint: Any) -> None:
+            if isinstance(node, Ref):
+                adjoints.setdefault(node.name, []).append(adjoint)
+            elif isinstance(node, Param):
+                parameters.setdefault(node.path, []).append(adjoint)
+            elif isinstance(node, (Transpose, SwapLast)):
+                deposit(node.operand, _swap(adjoint))
+            elif isinstance(node, Zeros):
+                return
+            elif isinstance(node, (Add, Mul)):
+                shape = self.shape_of(node)[1]
+                for side, other in ((node.left, node.right), (node.right, node.left)):
+                    part = adjoint if isinstance(node, Add) else Mul(adjoint, other)
+                    deposit(side, reduce_to(part, shape, self.shape_of(side)[1]))
+            elif isinstance(node, MatMul):
+                shape = self.shape_of(node)[1]
+                left, right = self.shape_of(node.left)[1], self.shape_of(node.right)[1]
+                if len(left) == 1:  # a vector times a weight: the weight's adjoint is an outer product
+                    deposit(node.left, MatMul(adjoint, _swap(node.right)))
+                    if isinstance(node.right, Transpose):
+                        deposit(node.right.operand, _outer(adjoint, node.left))
+                    else:
+                        deposit(node.right, _outer(node.left, adjoint))
+                else:
+                    deposit(node.left, reduce_to(MatMul(adjoint, _swap(node.right)),
+                                                 shape[:-1] + (left[-1],), left))
+                    deposit(node.right, reduce_to(MatMul(_swap(node.left), adjoint),
+                                                  shape[:-2] + (left[-1], shape[-1]), right))
+            elif isinstance(node, Index):
+                deposit(node.operand, self._index_adjoint(node, adjoint))
             else:
-                back = MatMul(delta, self._w(layer + 1))
-                value = back if d is None else Mul(back, d)
-            delta = value if isinstance(value, Ref) else self._assign(f"e{layer}{tag}", value)
-            name = self.network.layer_names[layer - 1]
-            gradients[(name, "W")] = self._assign(
-                f"gW{layer}{tag}", Mul(Index(delta, (":", None)), Index(self.h(layer - 1), (None, ":"))))
-            gradients[(name, "b")] = delta
+                raise BuildError(f"internal: no adjoint rule for {node!r}")
+
+        def total(name: str) -> Any:
+            parts = _merge_stacks(adjoints.pop(name))
+            value = parts[0]
+            for part in parts[1:]:
+                value = Add(value, part)
+            if isinstance(value, Ref):
+                return value
+            target = f"{name}_bar{tag}"
+            self.steps.append(Assign(target, value))
+            return Ref(target)
+
+        for node, seed in cotangents:
+            deposit(node, seed)
+        for step in reversed(list(self.steps)):
+            if isinstance(step, Assign):
+                if step.target in adjoints:
+                    deposit(step.value, total(step.target))
+                continue
+            z_bar = []
+            for k, target in enumerate(step.targets):
+                if target is None or target not in adjoints:
+                    continue
+                adjoint = total(target)
+                if k + 1 < len(step.targets) and step.targets[k + 1] is not None:
+                    z_bar.append(Mul(adjoint, Ref(step.targets[k + 1])))
+                elif step.forms.derivative(k + 1) == (1 if k == 0 else 0) and k + 1 < len(step.targets):
+                    if k == 0:
+                        z_bar.append(adjoint)
+                else:
+                    raise BuildError(f"internal: σ of order {k + 1} asked for but not planned")
+            for part in z_bar:
+                adjoints.setdefault(step.source, []).append(part)
+        gradients: dict[Path, Any] = {}
+        for layer, name in enumerate(self.network.layer_names, 1):
+            for leaf in ("W", "b"):
+                path = (name, leaf)
+                parts = parameters.get(path)
+                if not parts:
+                    gradients[path] = Zeros(self.network.parameter_shapes[path])
+                    continue
+                parts = _merge_stacks(parts)
+                value = parts[0]
+                for part in parts[1:]:
+                    value = Add(value, part)
+                if not isinstance(value, Ref):
+                    target = f"g{leaf}{layer}{tag}"
+                    self.steps.append(Assign(target, value))
+                    value = Ref(target)
+                gradients[path] = value
         return gradients
+
+    def _index_adjoint(self, node: Index, adjoint: Any) -> Any:
+        """The adjoint of `node.operand` from that of `x[..., items]`: new axes summed away,
+        indexed positions scattered back (`Stack` with zeros), whole axes kept."""
+        result_axes = [item for item in node.items if not isinstance(item, int) or item is None]
+        # drop the new axes (size 1), rightmost first so the negative positions stay valid
+        positions = [k - len(result_axes) for k, item in enumerate(result_axes) if item is None]
+        if positions:
+            adjoint = Sum(adjoint, tuple(positions), False)
+        operand_shape = self.shape_of(node.operand)[1]
+        kept = [item for item in node.items if item is not None]
+        sizes = operand_shape[len(operand_shape) - len(kept):]
+        for k in range(len(kept) - 1, -1, -1):
+            item = kept[k]
+            if isinstance(item, int):
+                axis = k - len(kept)
+                operands = [None] * sizes[k]
+                operands[item] = adjoint
+                adjoint = Stack(tuple(operands), axis)
+        return adjoint
 
 
 # ---- planning an equation tree -------------------------------------------------------------
@@ -662,18 +981,36 @@ class Application:
 
 @dataclass
 class Needs:
-    """What one application must compute, and the SymPy placeholders scalar code reads."""
+    """What one application must compute, and the SymPy placeholders scalar code reads.
+
+    `placeholders["output"]` stands for the output vector; `derivatives[(k, S)]` for the
+    entry ∂_S y_k (S the sorted input directions) read by a scalar formula or a loss.
+    """
 
     output: bool = False
     jacobian: bool = False
     hessian: bool = False
     gradient: bool = False
     placeholders: dict[str, sp.Matrix] = field(default_factory=dict)
+    derivatives: dict[tuple[int, tuple[int, ...]], sp.Dummy] = field(default_factory=dict)
+
+    @property
+    def highest_entry(self) -> int:
+        return max((len(directions) for _, directions in self.derivatives), default=0)
 
     @property
     def orders(self) -> int:
-        """The highest activation derivative needed: σ'' for a Hessian, σ' for J or backprop."""
-        return 2 if self.hessian else 1 if (self.jacobian or self.gradient) else 0
+        """The highest activation derivative needed: σ'' for a Hessian, σ' for J, and one more
+        than the entries read where a gradient goes back through them."""
+        gradient = self.highest_entry + 1 if self.gradient else 0
+        return max(2 if self.hessian else 0, 1 if self.jacobian else 0, self.highest_entry, gradient)
+
+    def reverse_entries(self, outputs: int) -> bool:
+        """Whether first-derivative entries come from the reverse rows: only first derivatives
+        are read, along more input directions than the network has outputs (m passes
+        instead of one per direction)."""
+        directions = {d for _, ds in self.derivatives for d in ds}
+        return self.highest_entry == 1 and len(directions) > outputs
 
 
 @dataclass(frozen=True)
@@ -697,10 +1034,18 @@ class LeafPlan:
 
 @dataclass
 class GradientGroup:
-    """One loss whose parameter gradients are asked for: a seed ∂loss/∂y per application."""
+    """One loss whose parameter gradients are asked for, and its partial derivatives (SymPy,
+    placeholders substituted): per application, ∂loss/∂y (m entries) and ∂loss/∂(∂_S y_k);
+    per weight the loss reads directly, ∂loss/∂ entry."""
 
     loss: sp.Expr
-    seeds: dict[int, list[sp.Expr]]  # application index -> m entries (placeholders substituted)
+    seeds: dict[int, list[sp.Expr]]
+    derivative_seeds: dict[int, dict[tuple[int, tuple[int, ...]], sp.Expr]] = field(default_factory=dict)
+    weight_seeds: dict[Path, dict[tuple[int, ...], sp.Expr]] = field(default_factory=dict)
+
+    @property
+    def applications(self) -> list[int]:
+        return sorted(set(self.seeds) | set(self.derivative_seeds))
 
 
 @dataclass
@@ -713,6 +1058,8 @@ class StructuredPlan:
     leaves: list[LeafPlan]
     treedef: Any
     groups: list[GradientGroup]
+    #: entries of the network's weights read by formulas (a penalty), as placeholders
+    weights: dict[sp.Basic, sp.Dummy] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         kinds = ", ".join(leaf.kind for leaf in self.leaves)
@@ -780,30 +1127,31 @@ def plan_structured(eqs: Any, network: StructuredNetwork) -> StructuredPlan:
         if type(node).network is not network:
             raise BuildError(f"eqs{where}: {type(node).__name__} belongs to another network; "
                              "a structured kernel evaluates one network (its ps tree)")
-        if node.order > 2:
-            raise BuildError(f"eqs{where}: derivative of order {node.order} of a network output; "
-                             "structured kernels compute up to second derivatives")
         if network_nodes(node.inputs):
             raise BuildError(f"eqs{where}: a network applied to a network output is not supported")
         return application_index(Application(network, node.inputs))
 
+    weights: dict[sp.Basic, sp.Dummy] = {}
+
     def substitute(expr: sp.Basic, where: str) -> sp.Basic:
-        """Network nodes → placeholder symbols (entries of arrays computed at array level)."""
-        m, n = network.net.output_dim, network.net.input_dim
+        """Network nodes and weight entries → placeholder symbols (entries of arrays computed
+        at array level, entries of parameters)."""
+        m = network.net.output_dim
         mapping: dict[sp.Basic, sp.Basic] = {}
         for node in network_nodes([expr]):
             a = check(node, where)
             need, suffix = needs[a], f"{a + 1}"
-            k, derivative = node.output_index, node.derivative_indices
+            k, directions = node.output_index, node.derivative_indices
             if node.order == 0:
                 need.output = True
                 mapping[node] = _placeholder(need, "output", (m, 1), f"y{suffix}")[k, 0]
-            elif node.order == 1:
-                need.jacobian = True
-                mapping[node] = _placeholder(need, "jacobian", (m, n), f"J{suffix}")[k, derivative[0]]
             else:
-                need.hessian = True
-                mapping[node] = _placeholder(need, f"hessian{k}", (n, n), f"H{suffix}_{k}")[derivative]
+                if (k, directions) not in need.derivatives:
+                    need.derivatives[(k, directions)] = sp.Dummy(
+                        f"d{suffix}_{k}_{'_'.join(map(str, directions))}")
+                mapping[node] = need.derivatives[(k, directions)]
+        for entry in _weight_entries(expr, network, where):
+            mapping[entry] = weights.setdefault(entry, sp.Dummy(f"w_{entry}"))
         return expr.xreplace(mapping) if mapping else expr
 
     leaves: list[LeafPlan] = []
@@ -817,9 +1165,8 @@ def plan_structured(eqs: Any, network: StructuredNetwork) -> StructuredPlan:
                 raise BuildError(f"{label}: a parameter gradient of another network")
             if leaf.loss not in losses:
                 losses[leaf.loss] = len(groups)
-                groups.append(GradientGroup(leaf.loss, _seeds(leaf.loss, network, check, substitute,
-                                                              label)))
-                for a in groups[-1].seeds:
+                groups.append(_gradient_group(leaf.loss, network, check, substitute, where))
+                for a in groups[-1].applications:
                     needs[a].gradient = True
             leaves.append(LeafPlan("gradient", leaf.shape, label, group=losses[leaf.loss],
                                    path=leaf.path))
@@ -854,45 +1201,74 @@ def plan_structured(eqs: Any, network: StructuredNetwork) -> StructuredPlan:
         if not isinstance(expr, sp.Expr):
             raise BuildError(f"{label}: expected a numeric SymPy expression, got {expr}")
         leaves.append(LeafPlan("scalar", (), label, expr=substitute(expr, where)))
-    return StructuredPlan(network, applications, needs, leaves, treedef, groups)
+    return StructuredPlan(network, applications, needs, leaves, treedef, groups, weights)
 
 
-def _seeds(loss: sp.Expr, network: StructuredNetwork, check: Any, substitute: Any,
-           label: str) -> dict[int, list[sp.Expr]]:
-    """∂loss/∂y_k for each application of `network` in `loss` (SymPy), placeholders in.
+def _weight_entries(expr: sp.Basic, network: StructuredNetwork, where: str) -> list[sp.Basic]:
+    """The entries `W[i, j]` of the network's weights that `expr` reads (a penalty)."""
+    if not expr.free_symbols & network.parameter_symbols:  # an entry's symbols hold its matrix
+        return []
+    entries, whole, seen = set(), set(), set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, MatrixElement) and node.parent in network.parameter_symbols:
+            entries.add(node)
+            continue
+        if node in network.parameter_symbols:
+            whole.add(str(node))
+        stack.extend(node.args)
+    if whole:
+        raise BuildError(f"eqs{where}: {sorted(whole)} read as a whole matrix; write a formula of "
+                         "the network's weights over their entries, e.g. sum(e**2 for e in sp.Matrix(W))")
+    return sorted(entries, key=sp.default_sort_key)
 
-    ∂loss/∂W = Σ_applications Σ_k (∂loss/∂y_k) ∂y_k/∂W: the scalar factor is SymPy's, the
-    sum over k is one backprop seeded with it.
+
+def _gradient_group(loss: sp.Expr, network: StructuredNetwork, check: Any, substitute: Any,
+                    where: str) -> GradientGroup:
+    """The partial derivatives of `loss` w.r.t. every network quantity and weight entry it
+    reads (SymPy), placeholders in.
+
+    ∂loss/∂W = Σ_applications Σ_q (∂loss/∂q) ∂q/∂W over the quantities q read (outputs y_k,
+    entries ∂_S y_k), + ∂loss/∂W read directly: the scalar factors are SymPy's, the sum over q
+    is one reverse pass over the application's array program seeded with them.
     """
     nodes = network_nodes([loss])
-    if not nodes:
-        raise BuildError(f"{label}: the loss does not depend on the network")
-    if any(node.order for node in nodes):
-        raise BuildError(f"{label}: the loss reads input derivatives of the network; a parameter "
-                         "gradient through them (a second-order backprop) is not supported")
-    if any(isinstance(s, MatrixElement) and s.parent in network.parameter_symbols
-           or s in network.parameter_symbols for s in loss.free_symbols):
-        raise BuildError(f"{label}: the loss reads the network's weights directly (e.g. a weight "
-                         "penalty); write that term outside the structured loss")
-    outputs: dict[int, dict[int, sp.Dummy]] = {}
+    entries = _weight_entries(loss, network, where)
+    if not nodes and not entries:
+        raise BuildError(f"eqs{where}: the loss does not depend on the network")
+    substitute(loss, where)  # every quantity the loss reads is computed, even where ∂loss/∂q is constant
+    paths = {matrix: (name, leaf) for name, tree in network.params.items()
+             for leaf, matrix in tree.items()}
     mapping: dict[sp.Basic, sp.Dummy] = {}
+    keys: dict[sp.Dummy, tuple] = {}
     for node in nodes:
-        a = check(node, label)
+        a = check(node, where)
         symbol = sp.Dummy(f"o{a}_{node.output_index}")
-        outputs.setdefault(a, {})[node.output_index] = symbol
         mapping[node] = symbol
+        keys[symbol] = (a, node.output_index, node.derivative_indices)
+    for entry in entries:
+        symbol = sp.Dummy(f"p_{entry}")
+        mapping[entry] = symbol
+        keys[symbol] = (paths[entry.parent], (int(entry.i), int(entry.j)))
     reduced = loss.xreplace(mapping)
     back = {symbol: node for node, symbol in mapping.items()}
-    seeds: dict[int, list[sp.Expr]] = {}
-    for a, symbols in outputs.items():
-        entries = []
-        for k in range(network.net.output_dim):
-            if k in symbols:
-                entries.append(substitute(_diff(reduced, symbols[k]).xreplace(back), label))
-            else:
-                entries.append(sp.S.Zero)
-        seeds[a] = entries
-    return seeds
+    group = GradientGroup(loss, {})
+    m = network.net.output_dim
+    for symbol, key in keys.items():
+        partial = substitute(_diff(reduced, symbol).xreplace(back), where)
+        if len(key) == 2:
+            path, (i, j) = key
+            index = (i, j) if path[1] == "W" else (i,)
+            group.weight_seeds.setdefault(path, {})[index] = partial
+        elif not key[2]:
+            group.seeds.setdefault(key[0], [sp.S.Zero] * m)[key[1]] = partial
+        elif partial != 0:
+            group.derivative_seeds.setdefault(key[0], {})[(key[1], key[2])] = partial
+    return group
 
 
 def _diff(expr: sp.Expr, symbol: sp.Symbol) -> sp.Expr:

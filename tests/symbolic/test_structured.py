@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import symkern as sk
 from symkern.batching.structured import build_structured_function
 from symkern.codegen.structured import index_by_batch_structured
-from symkern.errors import BuildError, CodegenDriftError
+from symkern.errors import CodegenDriftError
 from symkern.symbolic import Chain, Dense, SymbolicNetwork, gradient
 from symkern.symbolic.structured import (
     StructuredNetwork,
@@ -202,13 +202,6 @@ def test_prefer_structured_by_layer_weights() -> None:
     assert not prefer_structured(Chain(Dense(4, 16, "tanh"), Dense(16, 4)))  # 64 weights
     assert prefer_structured(Chain(Dense(4, 17, "tanh"), Dense(17, 4)))
     assert prefer_structured(Dense(9, 8), max_weights=64)
-
-
-def test_loss_through_input_derivatives_is_refused() -> None:
-    snn = StructuredNetwork(Chain(Dense(2, 3, "tanh"), Dense(3, 1)))
-    loss = sp.diff(snn.output[0], snn.input[0]) ** 2
-    with pytest.raises(BuildError, match="input derivatives"):
-        build_structured_function(snn.parameter_gradient(loss), snn)
 
 
 # ---- the rule ---------------------------------------------------------------------------------
