@@ -88,7 +88,39 @@ LARGE_INTEGER = 2**31
 
 
 class _KernelPrinter(JaxPrinter):
-    """SymPy's JAX printer, with integers (and rationals) beyond 32 bits as float literals."""
+    """SymPy's JAX printer, with integers (and rationals) beyond 32 bits as float literals,
+    and each argument entry printed as its generated name (`names`)."""
+
+    def __init__(self, settings: dict, names: Mapping[sp.Basic, sp.Basic] | None = None) -> None:
+        super().__init__(settings)
+        self.names = names
+        self.printed_names: dict[sp.Basic, str] = {}
+
+    def _generated_name(self, expr: sp.Basic) -> str | None:
+        # an argument entry prints as what it stands for (`_a0[1]`): the same text as the
+        # expression with the entries substituted, without rebuilding it (substituting with
+        # xreplace is a third of emitting a 10^5-operation body)
+        printed = self.printed_names.get(expr)
+        if printed is None:
+            generated = None if self.names is None else self.names.get(expr)
+            if generated is None:
+                return None
+            printed = self.printed_names[expr] = self._print(generated)
+        return printed
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return self._generated_name(expr) or super()._print_Symbol(expr)
+
+    def _print_Dummy(self, expr: sp.Dummy) -> str:
+        return self._generated_name(expr) or super()._print_Dummy(expr)
+
+    def _print_MatrixElement(self, expr: MatrixElement) -> str:
+        printed = self._generated_name(expr)
+        if printed is not None:
+            return printed
+        if self.names is not None:
+            raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
+        return super()._print_MatrixElement(expr)
 
     def _print_Integer(self, expr: sp.Integer) -> str:
         if abs(expr.p) >= LARGE_INTEGER:
@@ -140,7 +172,8 @@ def _float_literal(number: sp.Rational) -> str:
     return repr(value) if value >= 0 else f"({value!r})"
 
 
-def jax_printer(user_functions: Mapping[str, str]) -> JaxPrinter:
+def jax_printer(user_functions: Mapping[str, str],
+                names: Mapping[sp.Basic, sp.Basic] | None = None) -> JaxPrinter:
     # The settings sympy.lambdify passes for modules="jax"; printing function names bare
     # (not fully qualified) is what resolve_callees normalises. Undefined functions are
     # printed under generated names, so a user's function name never becomes code.
@@ -152,7 +185,7 @@ def jax_printer(user_functions: Mapping[str, str]) -> JaxPrinter:
         "allow_unknown_functions": True,
         "user_functions": dict(user_functions),
         "order": "none",
-    })
+    }, names)
 
 
 def _generated_argument(spec: ArgumentSpec, position: int) -> tuple[sp.Basic, dict]:
@@ -268,11 +301,12 @@ def unroll_sums(exprs: list[Any], nodes: Sequence[sp.Basic]) -> list[Any]:
     return changed
 
 
-def without_ite(leaves: list[Any]) -> list[Any]:
+def without_ite(leaves: list[Any], nodes: Sequence[sp.Basic] | None = None) -> list[Any]:
     """Every `ITE(a, b, c)` in negation normal form (`(~a | b) & (a | c)`), which prints as
     elementwise logic: SymPy's printer writes an ITE as a Piecewise of conditions, a select
-    with a NaN default. The same list object when they hold none."""
-    if not any(isinstance(node, ITE) for node in walk(leaves)):
+    with a NaN default. `nodes`: their walk, when already made. The same list object when
+    they hold none."""
+    if not any(isinstance(node, ITE) for node in (walk(leaves) if nodes is None else nodes)):
         return leaves
 
     def rewrite(expr: sp.Basic) -> sp.Basic:
@@ -390,19 +424,23 @@ def symbol_name(symbol: sp.Basic) -> str:
 OVERRIDE_SUFFIX = " (functions=)"
 
 
-def override_functions(leaves: list[Any], functions: Mapping[str, object]
+def override_functions(leaves: list[Any], functions: Mapping[str, object],
+                       nodes: Sequence[sp.Basic] | None = None
                        ) -> tuple[list[Any], dict[str, str]]:
     """SymPy's own functions named in `functions` (`functions={"sin": my_sin}`, lambdify's
     `modules=[{"sin": my_sin}, "jax"]`) become undefined functions that call the given
     implementation. Returns the equations and {undefined function name: key of functions}.
-    Functions of conditions (Piecewise) stay as they are."""
+    Functions of conditions (Piecewise) stay as they are. `nodes`: their walk, when made."""
+    if not functions:
+        return leaves, {}
+
     def replaceable(node: sp.Basic) -> bool:
         return (isinstance(node, sp.Function) and not isinstance(node, AppliedUndef)
                 and type(node).__name__ in functions
                 and all(isinstance(a, sp.Expr) for a in node.args))
 
     overridden = {f"{type(node).__name__}{OVERRIDE_SUFFIX}": type(node).__name__
-                  for node in walk(leaves) if replaceable(node)}
+                  for node in (walk(leaves) if nodes is None else nodes) if replaceable(node)}
     if not overridden:
         return leaves, {}
 
@@ -426,7 +464,8 @@ def implemented_functions(leaves: Sequence[sp.Basic]) -> dict[str, Any]:
     return found
 
 
-def bind_entries(leaves: list[Any], arguments: Sequence[ArgumentSpec]
+def bind_entries(leaves: list[Any], arguments: Sequence[ArgumentSpec],
+                 nodes: Sequence[sp.Basic] | None = None
                  ) -> tuple[list[Any], Sequence[ArgumentSpec]]:
     """Entries such as `q(t)` and `q(t).diff(t)` (sympy.physics.mechanics' dynamicsymbols)
     and IndexedBase entries `x[0]` become placeholder symbols, in the equations and in
@@ -434,7 +473,7 @@ def bind_entries(leaves: list[Any], arguments: Sequence[ArgumentSpec]
     there are none.
 
     A derivative of a declared function that is not itself declared is refused: SymPy
-    would differentiate the placeholder to zero.
+    would differentiate the placeholder to zero. `nodes`: the equations' walk, when made.
     """
     placeholders = {entry: sp.Dummy(f"arg{k}")
                     for k, entry in enumerate(e for spec in arguments for e in spec.entries
@@ -442,7 +481,7 @@ def bind_entries(leaves: list[Any], arguments: Sequence[ArgumentSpec]
     if not placeholders:
         return leaves, arguments
     functions = {entry for entry in placeholders if isinstance(entry, AppliedUndef)}
-    for node in walk(leaves):
+    for node in (walk(leaves) if nodes is None else nodes):
         if (isinstance(node, (sp.Derivative, sp.Subs)) and node not in placeholders
                 and node.atoms(AppliedUndef) & functions):
             found = next(iter(node.atoms(AppliedUndef) & functions))
@@ -510,14 +549,22 @@ def emit(
     """
     functions = functions or {}
     stopwatch = stopwatch or Stopwatch(progress=False)
-    written = without_ite(list(equations.leaves))
-    written = unroll_sums(written, list(walk(written)))
-    written, arguments = bind_entries(written, arguments)
-    written, overridden = override_functions(written, functions)
-    nodes = list(walk(written))
-    leaves = without_dirac_delta(written, nodes)
-    if leaves is not written:
-        nodes = list(walk(leaves))
+    # one walk of the equations, made again only after a step that changed them
+    leaves = list(equations.leaves)
+    nodes = list(walk(leaves))
+    for step in (without_ite, unroll_sums):
+        written = step(leaves, nodes)
+        if written is not leaves:
+            leaves, nodes = written, list(walk(written))
+    written, arguments = bind_entries(leaves, arguments, nodes)
+    if written is not leaves:
+        leaves, nodes = written, list(walk(written))
+    written, overridden = override_functions(leaves, functions, nodes)
+    if written is not leaves:
+        leaves, nodes = written, list(walk(written))
+    written = without_dirac_delta(leaves, nodes)
+    if written is not leaves:
+        leaves, nodes = written, list(walk(written))
     undefined = check_functions(
         nodes, {**functions, **{name: functions[key] for name, key in overridden.items()}},
         complex_values)
@@ -548,27 +595,21 @@ def emit(
 
 def _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
            user_functions, printed_functions) -> EmittedCode:
-    """Substitute the generated argument names, then print with SymPy's JAX printer.
+    """Print with SymPy's JAX printer, each argument entry as its generated name.
 
-    The substitution rebuilds each expression without evaluating it: the terms keep their
-    order and nothing is simplified again. Evaluated, it is SymPy's assumptions system that
-    runs (each rebuilt `tanh`, `Mod` or `Pow` asks whether its argument is real, finite,
-    negative, …): 8.0 of the 8.2 s of emitting a 1,000-operation nest of functions
-    (benchmarks/shapes.py, deep-nest), for the same expression renamed.
+    The expressions are printed as they stand: substituting the generated names would
+    rebuild each one (without evaluating it, or SymPy's assumptions system runs: each rebuilt
+    `tanh`, `Mod` or `Pow` asks whether its argument is real, finite, negative, …), for the
+    same text.
     """
-    with sp.core.parameters.evaluate(False):
-        assignments = [(name, value.xreplace(substitutions)) for name, value in assignments]
-        reduced = [entry.xreplace(substitutions) for entry in reduced]
     leaves, start = [], 0
     for leaf in equations.leaves:
         count = len(_entries(leaf))
         leaves.append(_rebuild(leaf, reduced[start:start + count]))
         start += count
-    if any(isinstance(n, MatrixElement) for n in walk(leaves + [v for _, v in assignments])):
-        raise BuildError("eqs: a matrix element is read whose matrix is not fully declared")
     try:
         source = _EvaluatorPrinter(
-            jax_printer(printed_functions), False
+            jax_printer(printed_functions, substitutions), False
         ).doprint(FUNCTION_NAME, printed_arguments, tuple(leaves), cses=assignments)
     except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
         raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error
