@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -423,7 +424,7 @@ def share_weight_transposes(module: ast.Module) -> ast.Module:
     for the 2-40-1 HNN field at batch 4,096 a (40, 2)-output dot took 0.19 ms against
     0.08 ms for (2, 40), and the training step 0.80 → 0.60 ms with the transpose shared
     (one cotangent, summed before a single transpose, as JAX's own autodiff of `h @ W.T`).
-    Entries read as numbers (`ps['L1']['W'][0, 1]`) are left alone.
+    Only operands of `@` are rewritten; other reads (`ps['L1']['W'][0, 1]`) are left alone.
     """
     function = module.body[0]
     transposed: dict[str, ast.expr] = {}
@@ -439,7 +440,7 @@ def share_weight_transposes(module: ast.Module) -> ast.Module:
         key = ast.unparse(node)
         if isinstance(parent, ast.Attribute) and parent.attr == "T":
             transposed.setdefault(key, node)
-        elif not (isinstance(parent, ast.Subscript) and not _ellipsis_led(parent)):
+        elif isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult):
             plain.add(key)
     shared = {key: f"WT{k + 1}" for k, key in enumerate(k for k in transposed if k in plain)}
     if not shared:
@@ -451,13 +452,15 @@ def share_weight_transposes(module: ast.Module) -> ast.Module:
                 return _load(shared[ast.unparse(node.value)])
             return self.generic_visit(node)
 
-        def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
-            key = ast.unparse(node)
-            if _parameter_path(node) and key in shared:
-                return ast.Attribute(_load(shared[key]), "T", ast.Load())
-            if _parameter_path(node.value) and not _ellipsis_led(node):
-                return node  # an entry read as a number
-            return self.generic_visit(node)
+        def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+            self.generic_visit(node)
+            if isinstance(node.op, ast.MatMult):
+                for side in ("left", "right"):
+                    operand = getattr(node, side)
+                    if _parameter_path(operand) and ast.unparse(operand) in shared:
+                        setattr(node, side, ast.Attribute(_load(shared[ast.unparse(operand)]), "T",
+                                                          ast.Load()))
+            return node
 
     function.body = [Share().visit(s) for s in function.body]
     function.body[:0] = [ast.Assign([_store(name)], ast.Attribute(copy.deepcopy(transposed[key]), "T",
@@ -585,15 +588,20 @@ def _uniform_seed(seed: list[sp.Expr], a: int, plan: StructuredPlan,
     return template, extra
 
 
-def _weight_entry(entry: Any, plan: StructuredPlan) -> ast.expr:
-    """`ps['L1']['W'][i, j]` (or `ps['L1']['b'][i]`) for a weight entry read by a formula."""
-    for name, tree in plan.network.params.items():
-        for leaf, matrix in tree.items():
-            if entry.parent == matrix:
-                index = (int(entry.i), int(entry.j)) if leaf == "W" else (int(entry.i),)
-                return ast.Subscript(array_expr(Param((name, leaf))), ast.Tuple(
-                    [ast.Constant(i) for i in index], ast.Load()), ast.Load())
-    raise CodegenDriftError(f"_weight_entry: {entry} is no entry of the network's weights")
+def _weight_specs(plan: StructuredPlan, parameters: Sequence[ArgumentSpec]) -> list[ArgumentSpec]:
+    """The specs of the network's weights whose entries `plan.weights` reads, each entry
+    its placeholder (a fresh symbol for the entries not read)."""
+    specs = []
+    for spec in parameters:
+        if spec.entries or len(spec.path) != 2 or spec.path[0] not in plan.network.params:
+            continue
+        matrix = plan.network.params[spec.path[0]][spec.path[1]]
+        entries = [plan.weights.get(matrix[i, j]) for i in range(matrix.rows)
+                   for j in range(matrix.cols)]
+        if any(entry is not None for entry in entries):
+            specs.append(dataclasses.replace(spec, entries=tuple(
+                entry if entry is not None else sp.Dummy("unread") for entry in entries)))
+    return specs
 
 
 def _uniform_weight_seed(partials: Mapping[tuple[int, ...], sp.Expr], path: Any,
@@ -688,6 +696,9 @@ def generate_structured(
     body: list[ast.stmt] = []
     data_entries = [spec.entries for spec in data]
     scalar_parameters = [spec for spec in parameters if spec.entries]
+    # weights whose entries formulas read (a penalty) are parameters of the scalar blocks,
+    # their entries the plan's placeholders: printed as ps['L1']['W'][i, j], never batched
+    scalar_parameters += _weight_specs(plan, parameters)
     options = {"cse": cse, "embed_max_bytes": embed_max_bytes, "dtype": dtype}
 
     def splice(entries: Sequence[sp.Expr], extra: Sequence[tuple[ArgumentSpec, ast.expr]],
@@ -731,8 +742,6 @@ def generate_structured(
         for (k, directions), symbol in needs.derivatives.items():
             entry = program.derivative_entry(k, directions, reverse)
             extra.append((ArgumentSpec("placeholder", (), (symbol,)), array_expr(entry)))
-    for entry, symbol in plan.weights.items():
-        extra.append((ArgumentSpec("placeholder", (), (symbol,)), _weight_entry(entry, plan)))
     for program in programs:
         body += step_statements(program.steps, program.orders, upstream)
 
