@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from symkern.codegen import trig
+from symkern.codegen.collection import collection_paused
 from symkern.codegen.contract import contract_linear_forms, tile
 from symkern.codegen.materialize import materialize_shared
 from symkern.codegen.operations import exceeds_operations, operation_count
@@ -377,10 +378,12 @@ CACHED_PASSES = 2
 def run_passes(generated: GeneratedCode, context: PassContext,
                passes: Sequence[Pass] = PASSES) -> GeneratedCode:
     """`generated` through each of `passes` in order."""
-    for step in passes:
-        generated = step(generated, context)
-        if generated.form not in FORMS:
-            raise BuildError(f"pass {step.name}: left the unknown body form {generated.form!r}")
+    with collection_paused():
+        for step in passes:
+            generated = step(generated, context)
+            if generated.form not in FORMS:
+                raise BuildError(f"pass {step.name}: left the unknown body form "
+                                 f"{generated.form!r}")
     return generated
 
 

@@ -13,6 +13,7 @@ import astor
 import numpy as np
 
 from symkern.codegen import rules
+from symkern.codegen.collection import collection_paused
 from symkern.codegen.emit import EmittedCode, emit
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet, matrices_of_conditions
@@ -132,13 +133,14 @@ def generate(
     stopwatch: Stopwatch | None = None,
     share_pairs: bool = True,
 ) -> GeneratedCode:
-    """Emit the per-sample code for `equations`, then apply every rule in order."""
+    """Emit the per-sample code for `equations`, then apply every rule in order (the
+    garbage collector paused: symkern.codegen.collection)."""
     stopwatch = stopwatch or Stopwatch(progress=False)
-    with matrices_of_conditions():
+    with collection_paused(), matrices_of_conditions():
         emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch,
                        share_pairs=share_pairs, complex_values=np.dtype(dtype).kind == "c")
     hoisted: list[rules.HoistedLiteral] = []
-    with stopwatch.stage("rewrite"):
+    with collection_paused(), stopwatch.stage("rewrite"):
         module = apply_rules(ast.parse(emitted.source), emitted, equations, arguments,
                              data_count, embed_max_bytes=embed_max_bytes, dtype=dtype,
                              hoisted=hoisted)  # the rules rewrite their own copy
