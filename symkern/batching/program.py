@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Var
 
 from symkern.batching.packing import PackedParameters, ParameterPacker, packs
@@ -264,10 +265,26 @@ def _foldable(program: ScalarProgram) -> Callable[..., Any]:
     def vmappable(const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
         return folded(const_args, data, parameter_leaves)
 
-    @vmappable.defjvp
     def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-        return jax.jvp(evaluate, primals, tangents)
+        # only the arguments with a tangent are differentiated: `jax.grad` w.r.t. the
+        # parameters computes no tangent of the data (a zero tangent instantiated would
+        # still be propagated through every operation that reads the data)
+        flat, tree = jax.tree_util.tree_flatten(primals)
+        flat_tangents = tree.flatten_up_to(tangents)
+        active = [k for k, t in enumerate(flat_tangents) if not isinstance(t, SymbolicZero)]
 
+        def of_active(*values: Any) -> Any:
+            arguments = list(flat)
+            for k, value in zip(active, values, strict=True):
+                arguments[k] = value
+            return evaluate(*tree.unflatten(arguments))
+
+        if not active:
+            out = evaluate(*primals)
+            return out, jax.tree_util.tree_map(jnp.zeros_like, out)
+        return jax.jvp(of_active, [flat[k] for k in active], [flat_tangents[k] for k in active])
+
+    vmappable.defjvp(_jvp, symbolic_zeros=True)
     return vmappable
 
 

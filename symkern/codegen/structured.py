@@ -50,6 +50,7 @@ from symkern.symbolic.structured import (
     MatMul,
     Mul,
     NetworkProgram,
+    Ones,
     Param,
     Ref,
     Stack,
@@ -200,6 +201,10 @@ def array_expr(node: Any) -> ast.expr:
     if isinstance(node, Zeros):
         return ast.Call(target_node("jnp.zeros"),
                         [ast.Tuple([ast.Constant(d) for d in node.shape], ast.Load())], [])
+    if isinstance(node, Ones):
+        return ast.Call(target_node("jnp.ones_like"), [ast.Subscript(
+            array_expr(node.source), ast.Tuple([ast.Constant(Ellipsis), ast.Slice(None, ast.Constant(1))],
+                                               ast.Load()), ast.Load())], [])
     if isinstance(node, Sum):
         return ast.Call(target_node("jnp.sum"), [array_expr(node.operand)], [
             ast.keyword("axis", ast.Tuple([ast.Constant(a) for a in node.axes], ast.Load())),

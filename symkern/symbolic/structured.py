@@ -412,6 +412,16 @@ class Zeros:
 
 
 @dataclass(frozen=True)
+class Ones:
+    """`jnp.ones_like(source[..., :1])`: a unit cotangent (…, 1) of the data's batch and dtype."""
+
+    source: Any
+
+    def __repr__(self) -> str:
+        return f"ones_like({self.source!r}[..., :1])"
+
+
+@dataclass(frozen=True)
 class Sum:
     """`jnp.sum(x, axis=axes, keepdims=keepdims)` over per-sample axes (negative: the batch leads)."""
 
@@ -607,6 +617,8 @@ class NetworkProgram:
             return False, self.network.parameter_shapes[node.path]
         if isinstance(node, Zeros):
             return False, node.shape
+        if isinstance(node, Ones):
+            return True, (1,)
         if isinstance(node, (Transpose, SwapLast)):
             batched, shape = self.shape_of(node.operand)
             return batched, shape[:-2] + (shape[-1], shape[-2])
@@ -720,12 +732,16 @@ class NetworkProgram:
         return self._once(("a", layer), build)
 
     def row(self, layer: int) -> Any:
-        """∂y_0/∂h_l of a one-output network: (…, w_l), for l < L."""
+        """∂y_0/∂h_l of a one-output network: (…, w_l), for l < L.
+
+        The last row is `σ'(z_L) @ W_L`, `(…, 1) @ (1, w)` (a unit cotangent for a linear
+        output), not `σ'(z_L) * W_L[0]`: `jax.grad` through the kernel then takes W_L's
+        cotangent as a matrix product over the batch instead of a reduction, a training step
+        of the 2-40-1 HNN field at batch 4,096 0.58 → 0.51 ms."""
         def build() -> Any:
             if layer == self.depth - 1:
-                last = Index(self._w(self.depth), (0, ":"))
                 d = self.d(self.depth)
-                value = last if d is None else Mul(d, last)
+                value = MatMul(Ones(self.source) if d is None else d, self._w(self.depth))
             else:
                 d = self.d(layer + 1)
                 above = self.row(layer + 1)
@@ -849,7 +865,7 @@ class NetworkProgram:
                 parameters.setdefault(node.path, []).append(adjoint)
             elif isinstance(node, (Transpose, SwapLast)):
                 deposit(node.operand, _swap(adjoint))
-            elif isinstance(node, Zeros):
+            elif isinstance(node, (Zeros, Ones)):
                 return
             elif isinstance(node, (Add, Mul)):
                 shape = self.shape_of(node)[1]
