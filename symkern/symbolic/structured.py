@@ -876,7 +876,9 @@ class NetworkProgram:
                 shape = self.shape_of(node)[1]
                 left, right = self.shape_of(node.left)[1], self.shape_of(node.right)[1]
                 if len(left) == 1:  # a vector times a weight: the weight's adjoint is an outer product
-                    deposit(node.left, MatMul(adjoint, _swap(node.right)))
+                    back = _swap(node.right)
+                    deposit(node.left, Mul(adjoint, Index(back, (0, ":"))) if shape == (1,)
+                            else MatMul(adjoint, back))  # (…, 1) @ (1, q): a broadcast
                     if isinstance(node.right, Transpose):
                         deposit(node.right.operand, _outer(adjoint, node.left))
                     else:
@@ -955,11 +957,12 @@ class NetworkProgram:
         sizes = operand_shape[len(operand_shape) - len(kept):]
         for k in range(len(kept) - 1, -1, -1):
             item = kept[k]
-            if isinstance(item, int):
-                axis = k - len(kept)
+            if isinstance(item, int) and sizes[k] == 1:
+                adjoint = Index(adjoint, (None,) + (":",) * (len(kept) - 1 - k))
+            elif isinstance(item, int):
                 operands = [None] * sizes[k]
                 operands[item] = adjoint
-                adjoint = Stack(tuple(operands), axis)
+                adjoint = Stack(tuple(operands), k - len(kept))
         return adjoint
 
 
