@@ -51,3 +51,22 @@ def count_and_reads(node: ast.AST) -> tuple[int, set[str]]:
                 stack.extend(item for item in value if isinstance(item, ast.AST))
     return count, reads
 
+
+
+def read_counts(node: ast.AST) -> dict[str, int]:
+    """How often each name is loaded under `node`, in one walk (as `count_and_reads`)."""
+    counts: dict[str, int] = {}
+    stack, name, load = [node], ast.Name, ast.Load
+    while stack:
+        current = stack.pop()
+        if isinstance(current, name):
+            if isinstance(current.ctx, load):
+                counts[current.id] = counts.get(current.id, 0) + 1
+            continue
+        for field_name in current._fields:
+            value = getattr(current, field_name, None)
+            if isinstance(value, ast.AST):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(item for item in value if isinstance(item, ast.AST))
+    return counts

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from symkern.codegen.callee import VECTORIZABLE_TARGETS
-from symkern.codegen.operations import operation_count
+from symkern.codegen.operations import count_and_reads, operation_count, read_counts
 from symkern.codegen.rules import (
     DATA_NAME,
     HoistedLiteral,
@@ -195,9 +195,11 @@ class _Builder:
         array = self.arrays.setdefault(ast.unparse(node.value), len(self.arrays))
         return array, int(np.ravel_multi_index(where, shape))
 
-    def reads_rows(self, node: ast.expr) -> bool:
-        return any(isinstance(n, ast.Name) and (n.id in self.data_names or (
-            self.names.get(n.id, ("scalar",))[0] != "scalar")) for n in ast.walk(node))
+    def reads_rows(self, node: ast.expr, reads: set[str] | None = None) -> bool:
+        """Whether `node` reads a row (`reads`: the names it reads, when known)."""
+        reads = count_and_reads(node)[1] if reads is None else reads
+        return any(name in self.data_names or self.names.get(name, ("scalar",))[0] != "scalar"
+                   for name in reads)
 
     # -- templates -----------------------------------------------------------------------
     def build(self, node: ast.expr) -> tuple[tuple, Any, int]:
@@ -280,11 +282,11 @@ class _Builder:
                 and value.value.id in self.data_names:
             self.names[name] = ("row", self._data_row(ast.Name(name, ast.Load())))
             return ast.Assign([ast.Name(name, ast.Store())], value)
-        if not self.reads_rows(value):
+        reads = count_and_reads(value)[1]  # one walk of the statement for both questions
+        if not self.reads_rows(value, reads):
             self.names[name] = ("scalar", None)
             return ast.Assign([ast.Name(name, ast.Store())], value)
-        depth = 1 + max((self.inline_depth.get(n.id, 0) for n in ast.walk(value)
-                         if isinstance(n, ast.Name)), default=0)
+        depth = 1 + max((self.inline_depth.get(read, 0) for read in reads), default=0)
         if self.uses.get(name, 0) == 1 and depth <= INLINE_DEPTH:
             self.names[name] = ("inline", value)
             self.inline_depth[name] = depth
@@ -432,12 +434,6 @@ def _map(instances: np.ndarray, function: Any) -> np.ndarray:
     return out
 
 
-def _uses(function: ast.FunctionDef) -> dict[str, int]:
-    uses: dict[str, int] = defaultdict(int)
-    for node in ast.walk(function):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            uses[node.id] += 1
-    return uses
 
 
 #: the local function a vectorized body runs its levels in
@@ -479,7 +475,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     data_names = {a.arg for a in function.args.args if DATA_NAME.match(a.arg)}
     if not data_names:
         return None
-    builder = _Builder(_uses(function), data_names, parameter_shapes or {},
+    builder = _Builder(read_counts(function), data_names, parameter_shapes or {},
                        operations / min_shrink if min_shrink else math.inf)
     prologue: list[ast.stmt] = []
     try:
