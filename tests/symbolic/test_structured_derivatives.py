@@ -139,7 +139,7 @@ def _nested_derivative(f, directions: tuple[int, ...]):
     return f
 
 
-@FAST
+@settings(FAST, max_examples=2)
 @given(directions=st.lists(st.integers(0, 2), min_size=3, max_size=4),
        activation=st.sampled_from(ACTIVATIONS), seed=st.integers(0, 99))
 def test_derivatives_of_order_three_and_four_match_nested_jax_grad(
@@ -249,3 +249,31 @@ def test_activation_derivatives_of_any_order() -> None:
     assert forms.derivative(4) == sp.sin(z) and forms.derivative(3) == -sp.cos(z)
     with pytest.raises(BuildError, match="order: expected a non-negative integer, got -1"):
         forms.derivative(-1)
+
+
+def test_two_losses_over_two_applications_of_the_network_match_jax() -> None:
+    net = Chain(Dense(2, 4, "tanh"), Dense(4, 2, "sigmoid"))
+    snn = StructuredNetwork(net)
+    x = snn.input
+    other = snn([2 * x[0], x[1] ** 2])
+    first = (snn.output[0] - 1) ** 2 + sp.diff(other[1], x[0]) ** 2
+    second = sp.diff(snn.output[1], x[0], x[1]) * other[0]
+    kernel = build_structured_function({"first": snn.parameter_gradient(first),
+                                        "second": snn.parameter_gradient(second)}, snn)
+    ps, X = random_params(net, 11), np.random.default_rng(11).normal(size=(5, 2))
+
+    def f(p, z):
+        return net.apply(z, p)
+
+    def g(p, z):
+        return f(p, jnp.stack([2 * z[0], z[1] ** 2]))
+
+    def first_loss(p, z):
+        return (f(p, z)[0] - 1) ** 2 + jax.grad(lambda z: g(p, z)[1])(z)[0] ** 2
+
+    def second_loss(p, z):
+        return jax.grad(lambda z: jax.grad(lambda z: f(p, z)[1])(z)[0])(z)[1] * g(p, z)[0]
+
+    got = kernel(X, ps)
+    for name, loss in (("first", first_loss), ("second", second_loss)):
+        assert_tree_close(got[name], jax.jit(jax.vmap(jax.grad(loss), (None, 0)))(ps, X))
