@@ -211,7 +211,8 @@ def build_function(
     functions = {**implemented_functions(equations.leaves), **functions}
     context = PassContext(chosen, len(data), tuple(spec.path for spec in parameters),
                           tuple(spec.shape for spec in parameters), jax.default_backend(),
-                          stopwatch, packed_parameters=packs(parameters))
+                          stopwatch, packed_parameters=packs(parameters),
+                          data_ranks=tuple(len(spec.shape) for spec in data))
     generated, cache_key = _generate_cached(equations, data + parameters, len(data),
                                             functions=functions, context=context)
     namespace_functions: dict[str, Callable] = {}
@@ -222,10 +223,11 @@ def build_function(
                 generated.module, functions, resolved_dtype, chosen.embed_max_bytes,
                 generated.literals)
             generated = dataclasses.replace(generated, module=module, source=print_source(module))
+    generated = run_passes(generated, context, PASSES[CACHED_PASSES:])
+    # after the passes: the interpret pass hands its tables in as const args too
     const_args = [
         ConstArg(literal.name, jax.device_put(literal.value),
-                 origin_of(literal.used_by, equations.label_of_entry,
-                           "array literal (hoist_array_literals)"))
+                 origin_of(literal.used_by, equations.label_of_entry, literal.origin))
         for literal in generated.literals
     ] + [
         ConstArg(constant.name, jax.device_put(jnp.asarray(constant.value)),
@@ -236,7 +238,6 @@ def build_function(
         for constant in captured
     ]
     warn_if_large(const_args)
-    generated = run_passes(generated, context, PASSES[CACHED_PASSES:])
     with stopwatch.stage("python_compile"):
         pieces = _split_program(generated, namespace_functions, data, resolved_dtype,
                                 None if resolved_dtype.kind == "c"

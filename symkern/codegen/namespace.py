@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
-from symkern.codegen import special, trig, vecops
+from symkern.codegen import interpret, special, trig, vecops
 
 
 @jax.custom_jvp
@@ -39,7 +39,8 @@ def _gate_jvp(primals, tangents):
 
 
 def kernel_namespace(functions: dict | None = None) -> dict:
-    """The globals a kernel runs with: jnp, lax, jsp, gate, vec, trig and the user's functions."""
+    """The globals a kernel runs with: jnp, lax, jsp, gate, vec, trig, interp and the user's
+    functions."""
     return {
         # No builtin the generated code could name (the rules admit no such name), but C
         # extensions called from a kernel's frame import lazily through that frame's
@@ -52,6 +53,7 @@ def kernel_namespace(functions: dict | None = None) -> dict:
         "special": special,
         "gate": gate,
         "vec": vecops,
+        "interp": interpret.NAMESPACE,
         "functions": dict(functions or {}),
     }
 

@@ -39,7 +39,7 @@ def _terms(node: ast.expr) -> list[ast.expr]:
     return [node]
 
 
-def _path(node: ast.expr) -> tuple | None:
+def parameter_path(node: ast.expr) -> tuple | None:
     """`ps['L1']['b']` → ('L1', 'b'); None for anything else."""
     keys: list[Any] = []
     while isinstance(node, ast.Subscript):
@@ -112,7 +112,7 @@ def sum_packed_parameters(module: ast.Module, scalar_offsets: dict[tuple, int]) 
         names: list[str] = []
         others: list[ast.expr] = []
         for term in terms:
-            path = _path(term)
+            path = parameter_path(term)
             if path is not None and path in scalar_offsets:
                 offsets.append(scalar_offsets[path])
             elif isinstance(term, ast.Name) and term.id in pure and uses[term.id] == 1:

@@ -28,6 +28,8 @@ import numpy as np
 from symkern.codegen import trig
 from symkern.codegen.collection import collection_paused
 from symkern.codegen.contract import contract_linear_forms, tile
+from symkern.codegen.interpret import TILE as INTERPRET_TILE
+from symkern.codegen.interpret import interpret_body
 from symkern.codegen.materialize import materialize_shared
 from symkern.codegen.operations import exceeds_operations, operation_count
 from symkern.codegen.packed_sums import sum_packed_parameters
@@ -52,7 +54,9 @@ VECTORIZED = "vectorized"
 PIECES = "pieces"
 #: a structured network's array program (symkern.codegen.structured)
 STRUCTURED = "structured"
-FORMS = (SCALAR, CONTRACTED, TILED, VECTORIZED, PIECES, STRUCTURED)
+#: a scalar body as an instruction table run by one loop (symkern.codegen.interpret)
+INTERPRETED = "interpreted"
+FORMS = (SCALAR, CONTRACTED, TILED, VECTORIZED, PIECES, STRUCTURED, INTERPRETED)
 
 #: how the scalar entries of matrix-shaped outputs become arrays
 #: "fused": the entries and their stack in one executable
@@ -85,6 +89,13 @@ SEPARATE_ABOVE_OPERATIONS = 2000
 #: operations 4.1 vectorized vs 12.3 M samples/s whole; docs/design/vectorize.md)
 VECTORIZE_ABOVE_OPERATIONS = 5_000
 VECTORIZE_MIN_SHRINK = 20.0
+#: scalar bodies above this many operations that did not vectorize are interpreted
+#: (`interpret=None`): XLA compiles their code (as pieces) at ~1.5-2 ms an operation, so
+#: past ~2x10^4 the first result passes 30 s, where the interpreter's program compiles in
+#: ~0.3 s whatever the body (10^4 operations: first result 17-22 s as pieces, 1.7-2.4 s
+#: interpreted; 10^5: 16 s interpreted). Below it the compiled pieces run 1.0-5.9x faster
+#: (the five generated shapes at 10^4, 100k samples; docs/design/interpreter.md).
+INTERPRET_ABOVE_OPERATIONS = 20_000
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,8 @@ class BuildOptions:
     - `split`: a scalar body above SPLIT_ABOVE_OPERATIONS compiles as pieces; False: whole.
     - `vectorize`: statements repeating one template as vectors: None where it pays
       (VECTORIZE_ABOVE_OPERATIONS, VECTORIZE_MIN_SHRINK), True always, False never.
+    - `interpret`: a scalar body as an instruction table run by one loop (symkern.codegen.
+      interpret): None above INTERPRET_ABOVE_OPERATIONS, True always, False never.
     - `contract`: groups of linear forms over the same inputs as matrix products.
     - `materialize`: costly values that several outputs read computed once.
     - `trig`: "polynomial" sin and cos where they apply (float32 on the CPU, at most
@@ -105,12 +118,14 @@ class BuildOptions:
       (`decide_assembly`). `kernel.tune(X, ps)` measures both and keeps the faster.
     - `embed_max_bytes`: array constants up to this size stay embedded in the program.
     - `dtype`: the kernel's floating dtype, by name (None: JAX's default float).
-    - `tile_chunk`: a structured kernel's samples per tile (None: decided from its arrays).
+    - `tile_chunk`: a structured kernel's samples per tile (None: decided from its arrays),
+      an interpreted one's (None: interpret.TILE).
     """
 
     cse: bool = True
     split: bool = True
     vectorize: bool | None = None
+    interpret: bool | None = None
     contract: bool = True
     materialize: bool = True
     trig: str | None = None
@@ -123,8 +138,10 @@ class BuildOptions:
         for name in ("cse", "split", "contract", "materialize"):
             if not isinstance(getattr(self, name), bool):
                 raise BuildError(f"{name}: expected True or False, got {getattr(self, name)!r}")
-        if self.vectorize not in (None, True, False):
-            raise BuildError(f"vectorize: expected None, True or False, got {self.vectorize!r}")
+        for name in ("vectorize", "interpret"):
+            if getattr(self, name) not in (None, True, False):
+                raise BuildError(f"{name}: expected None, True or False, got "
+                                 f"{getattr(self, name)!r}")
         if self.trig is not None and self.trig not in TRIG_CHOICES:
             raise BuildError(f"trig: expected one of {TRIG_CHOICES} or None, got {self.trig!r}")
         if self.assembly is not None and self.assembly not in ASSEMBLIES:
@@ -158,8 +175,8 @@ class BuildOptions:
 
 @dataclass(frozen=True)
 class PassContext:
-    """What a pass may read besides the program: the options, the number of data arguments,
-    the parameters' paths and shapes, whether the kernel takes them packed into one buffer
+    """What a pass may read besides the program: the options, the number of data arguments
+    (and their ranks), the parameters' paths and shapes, whether the kernel takes them packed into one buffer
     (symkern.batching.packing), the backend the kernel is built for, and the stopwatch
     timing the stages."""
 
@@ -170,6 +187,8 @@ class PassContext:
     backend: str = "cpu"
     stopwatch: Stopwatch | None = None
     packed_parameters: bool = False
+    #: each data argument's per-sample rank (0: one number a sample)
+    data_ranks: Sequence[int] = ()
 
     @property
     def dtype(self) -> np.dtype:
@@ -261,17 +280,57 @@ def _packed_sums_opens(generated: GeneratedCode, context: PassContext) -> bool:
     return context.packed_parameters and generated.form == SCALAR
 
 
-def packed_sums(generated: GeneratedCode, context: PassContext) -> GeneratedCode:
-    """Long sums of scalar parameters as sums over runs of the packed parameter buffer."""
+def _scalar_offsets(context: PassContext) -> dict[tuple, int]:
+    """Each scalar parameter's path → its entry of the packed parameter buffer."""
     offsets, offset = {}, 0
     for path, shape in zip(context.parameter_paths, context.parameter_shapes, strict=True):
         if not shape:
             offsets[tuple(path)] = offset
         offset += math.prod(shape)
+    return offsets
+
+
+def packed_sums(generated: GeneratedCode, context: PassContext) -> GeneratedCode:
+    """Long sums of scalar parameters as sums over runs of the packed parameter buffer."""
+    offsets = _scalar_offsets(context)
     module = generated.module  # changed in place only where a chain is rewritten
     if not sum_packed_parameters(module, offsets):
         return generated
     return _replaced(generated, module)
+
+
+def _interpret_opens(generated: GeneratedCode, context: PassContext) -> bool:
+    requested = context.options.interpret
+    if generated.form != SCALAR or context.dtype.kind != "f":
+        if requested:
+            raise BuildError(f"interpret=True: the kernel body is {generated.form} in "
+                             f"{context.dtype.name}; the interpreter takes a real scalar body "
+                             "(pass interpret=None)")
+        return False
+    return requested is True or (requested is None and exceeds_operations(
+        generated.module, INTERPRET_ABOVE_OPERATIONS))
+
+
+def interpret(generated: GeneratedCode, context: PassContext) -> GeneratedCode:
+    """A scalar body as an instruction table run by one loop (symkern.codegen.interpret)."""
+    module = generated.module  # changed in place only when interpreted
+    literals = list(generated.literals)
+    data_names = [f"x{k + 1}" for k in range(context.data_count)]
+    whole = {name for name, rank in zip(data_names, context.data_ranks, strict=True)
+             if rank == 0}
+    body = interpret_body(module, data_names, whole, context.dtype, literals,
+                          _scalar_offsets(context) if context.packed_parameters else None,
+                          context.options.tile_chunk or INTERPRET_TILE)
+    if isinstance(body, str):
+        if context.options.interpret:
+            raise BuildError(f"interpret=True: the kernel body holds {body}, which the "
+                             "interpreter does not run (its operations: symkern.codegen."
+                             "interpret.FUNCTIONS); pass interpret=None")
+        return generated
+    logger.info("interpreted: %d operations on %d registers, %d data columns, %d scalars, "
+                "%d numbers", body.operations, body.registers, body.columns, body.scalars,
+                body.numbers)
+    return _replaced(generated, module, literals=tuple(literals), form=INTERPRETED)
 
 
 def _split_opens(generated: GeneratedCode, context: PassContext) -> bool:
@@ -352,6 +411,13 @@ PASSES: tuple[Pass, ...] = (
          "10^4 scalar parameters summed (`x * Add(*p)`): first call 27 s -> 0.25 s, the "
          "leaves' slices and additions no longer traced and compiled one by one",
          "`ps['p0'] + ps['p1'] + ...` becomes `ps.sum_slices((0, n))`"),
+    Pass("interpret", _interpret_opens, interpret,
+         "options.interpret (None: a real scalar body > INTERPRET_ABOVE_OPERATIONS); applied "
+         "when every data-dependent operation is in interpret.FUNCTIONS",
+         "10^4 operations: first result 17-22 s as compiled pieces, 1.7-2.4 s interpreted "
+         "(the program compiles in under a second at any size)",
+         "the body becomes `interp.run(_i0, _i1, columns, scalars, ops=...)` over an "
+         "instruction table"),
     Pass("split", _split_opens, split,
          "options.split; a scalar body > SPLIT_ABOVE_OPERATIONS",
          "10^4 operations: first result 82 s -> 19 s, 3x faster run",

@@ -583,6 +583,8 @@ class HoistedLiteral:
     name: str
     value: np.ndarray
     used_by: tuple[int, ...]
+    #: what put it there, for `kernel.const_args`
+    origin: str = "array literal (hoist_array_literals)"
 
 
 def literal_value(node: ast.expr) -> object | None:

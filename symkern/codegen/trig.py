@@ -20,8 +20,8 @@ An element's value depends on that element alone, never on the batch it is in or
 size. The library is evaluated only when some element of the call needs it
 (`lax.cond(max |x| <= FAST_UP_TO, polynomial, per element)`): the condition decides what
 is computed, not what a sample gets (both branches compute an in-range element with the
-same operations, and a test checks their bits agree). Measured at 100,000 samples: the double pendulum 4.1x, the
-3-link pendulum on a cart 1.7x.
+same operations, and a test checks their bits agree). Measured at 100,000 samples: the
+double pendulum 4.1x, the 3-link pendulum on a cart 1.7x.
 
 Where it applies (`applies`): float32 kernels built for the CPU whose code calls sin and cos
 at most POLYNOMIAL_UP_TO_CALLS times (each call compiles two branches: a generated

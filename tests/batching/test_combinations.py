@@ -2,14 +2,15 @@
 
 The forms are the pipeline's (symkern.codegen.passes.FORMS and the polynomial sin and cos):
 scalar (with and without const args, with parameters and two data arguments), contracted,
-tiled, vectorized, pieces, structured, the array program of a matrix expression, and
-parameters packed in one buffer (both sides of batching.packing.PACK_FROM_LEAVES: the
-scalar form's two parameters, the packed form's five). The batch shapes sit on both sides of each size the
-kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the tiles of 4,096) and include `()` and a
-2-D batch. The call paths are eager, `jax.jit`, `jax.vmap`, `jax.grad` with respect to data
-and parameters, bind, flat, shard, stream and export/load. Each result is compared with an
-independent float64 reference: the same equations written by hand in `jax.numpy` (a network
-too), differentiated by `jax.grad`.
+tiled, vectorized, pieces, structured, the array program of a matrix expression, parameters
+packed in one buffer (both sides of batching.packing.PACK_FROM_LEAVES: the scalar form's two
+parameters, the packed form's five), and the interpreter's instruction table (with two data
+arguments, and with packed parameters). The batch shapes sit on both sides of each size the
+kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the tiles of 4,096 and the interpreter's
+1,024) and include `()` and a 2-D batch. The call paths are eager, `jax.jit`, `jax.vmap`,
+`jax.grad` with respect to data and parameters, bind, flat, shard, stream and export/load.
+Each result is compared with an independent float64 reference: the same equations written by
+hand in `jax.numpy` (a network too), differentiated by `jax.grad`.
 
 `make test` runs a bounded profile: every path at two batch shapes, and every batch shape
 eagerly; `SYMKERN_SLOW=1` (`make test-all`) runs the whole matrix.
@@ -44,6 +45,8 @@ EAGER_BATCHES = {form: ((), (1,), (64,), (65,), (4096,), (4097,), (3, 5))
                  for form in ("scalar-const-args", "contracted", "vectorized", "scalar-packed",
                              "array")}
 EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
+for _form in ("interpreted", "interpreted-packed"):  # both sides of a tile of 1,024
+    EAGER_BATCHES[_form] = ((), (1,), (1023,), (1024,), (1025,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
          "export")
@@ -76,13 +79,14 @@ def _uniform(shape: tuple[int, ...], width: int | None, seed: int, scale: float 
     return np.random.default_rng(seed + sum(shape)).uniform(-scale, scale, full)
 
 
-def _scalar_case(dtype: str = "float64", const: bool = False) -> Case:
+def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = False) -> Case:
     extra = lookup(x0) if const else sp.Integer(0)
     eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
            "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c}
     functions = {"lookup": _lookup_jax} if const else None
     kernel = sk.build_function(eqs, [x0, x1], y, params={"a": a, "c": c}, dtype=dtype,
-                               functions=functions)
+                               functions=functions, options=sk.BuildOptions(interpret=interpret))
+    assert (kernel.form == "interpreted") == interpret, kernel.form
     if const:
         assert kernel.const_args, "the table is a const arg"
 
@@ -196,14 +200,15 @@ def hnn_case(hidden: int, dtype: str = "float64") -> Case:
                 1e-10 if dtype == "float64" else 2e-5)
 
 
-def _packed_case() -> Case:
+def _packed_case(interpret: bool = False) -> Case:
     """Five scalar parameters: past PACK_FROM_LEAVES, every executable takes them as one
     buffer (the scalar form's two parameters stay separate arguments)."""
     d, e, f = sp.symbols("d e f")
     eqs = sp.Matrix([sp.sin(x0) * a + x1 * d, sp.cos(x1) * c - e * x0 ** 2 + f])
     kernel = sk.build_function(eqs, [x0, x1], params={"a": a, "c": c, "d": d, "e": e, "f": f},
-                               dtype="float64")
+                               dtype="float64", options=sk.BuildOptions(interpret=interpret))
     assert kernel.packs_parameters and len({"a", "c", "d", "e", "f"}) >= PACK_FROM_LEAVES
+    assert (kernel.form == "interpreted") == interpret, kernel.form
 
     def reference(X, ps):
         X = jnp.asarray(X, jnp.float64)
@@ -248,6 +253,9 @@ FORMS: dict[str, Callable[[], Case]] = {
     "structured": lambda: hnn_case(40),
     "scalar-packed": _packed_case,
     "array": _array_case,
+    # the instruction table (symkern.codegen.interpret), its scalars and packed parameters
+    "interpreted": lambda: _scalar_case(interpret=True),
+    "interpreted-packed": lambda: _packed_case(interpret=True),
 }
 _BUILT: dict[str, Case] = {}
 
