@@ -18,6 +18,7 @@ from sympy.core.function import AppliedUndef
 from sympy.logic.boolalg import ITE, BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 from sympy.printing.numpy import JaxPrinter
+from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_message
@@ -149,6 +150,30 @@ class _KernelPrinter(JaxPrinter):
             return "-" + super()._print_Mul(sp.Mul(-c, factor, evaluate=False))
         return super()._print_Mul(expr)
 
+    def parenthesize(self, item: sp.Basic, level: float, strict: bool = False) -> str:
+        printed = _precedence(item)
+        if printed < level or (not strict and printed <= level):
+            return f"({self._print(item)})"
+        return self._print(item)
+
+    def _print_Add(self, expr: sp.Add, order: str | None = None) -> str:
+        # SymPy's StrPrinter._print_Add, with `_precedence`
+        terms = self._as_ordered_terms(expr, order=order)
+        level = _precedence(expr)
+        parts = []
+        for term in terms:
+            printed = self._print(term)
+            if printed.startswith("-") and not term.is_Add:
+                sign, printed = "-", printed[1:]
+            else:
+                sign = "+"
+            if _precedence(term) < level or term.is_Add:
+                parts.extend([sign, f"({printed})"])
+            else:
+                parts.extend([sign, printed])
+        sign = parts.pop(0)
+        return ("" if sign == "+" else sign) + " ".join(parts)
+
     _print_fresnels = _print_fresnelc = _print_unknown_function
     _print_lowergamma = _print_uppergamma = _print_binomial = _print_unknown_function
 
@@ -162,6 +187,17 @@ class _KernelPrinter(JaxPrinter):
             expr = sp.Piecewise(*((arg.expr, arg.cond.to_nnf() if arg.cond.has(ITE) else arg.cond)
                                   for arg in expr.args), evaluate=False)
         return super()._print_Piecewise(expr)
+
+
+def _precedence(item: sp.Basic) -> int:
+    """SymPy's `precedence`, asking a product whether a minus sign could be taken out of it
+    only when its first factor is a negative number (else the answer is no): the question
+    builds the product's negative, evaluated, a third of printing a 10^5-operation body."""
+    if type(item) is sp.Mul:
+        first = item.args[0]
+        if not (first.is_Number and first.is_extended_negative):
+            return PRECEDENCE["Mul"]
+    return precedence(item)
 
 
 def _float_literal(number: sp.Rational) -> str:
