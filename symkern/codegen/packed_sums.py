@@ -1,7 +1,8 @@
 """codegen, stage 2 rule: long sums of scalar parameters as sums over the packed buffer.
 
-Imports ast, collections and symkern.codegen.rules; nothing from jax (the rewritten code
-calls `ps.sum_slices`, which symkern.batching.packing implements).
+Imports ast, collections, symkern.codegen.operations and symkern.codegen.rules; nothing
+from jax (the rewritten code calls `ps.sum_slices`, which symkern.batching.packing
+implements).
 
 Why: a kernel whose parameters are packed into one buffer (symkern.batching.packing) reads
 each scalar leaf as a slice of it. A sum of 10^5 such leaves (`x * Add(*p)`) is then 10^5
@@ -21,6 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from symkern.codegen.operations import read_counts
 from symkern.codegen.rules import KERNEL_NAME
 
 #: a chain of additions is rewritten when it sums at least this many scalar parameter
@@ -99,8 +101,7 @@ def sum_packed_parameters(module: ast.Module, scalar_offsets: dict[tuple, int]) 
     if len(functions) != 1 or functions[0].name != KERNEL_NAME:
         return 0
     function = functions[0]
-    uses = Counter(node.id for node in ast.walk(function)
-                   if type(node) is ast.Name and type(node.ctx) is ast.Load)
+    uses = read_counts(function)
     #: locals whose value is a sum of parameter entries only: their entries
     pure: dict[str, list[int]] = {}
     absorbed: set[str] = set()
@@ -115,7 +116,7 @@ def sum_packed_parameters(module: ast.Module, scalar_offsets: dict[tuple, int]) 
             path = parameter_path(term)
             if path is not None and path in scalar_offsets:
                 offsets.append(scalar_offsets[path])
-            elif isinstance(term, ast.Name) and term.id in pure and uses[term.id] == 1:
+            elif isinstance(term, ast.Name) and term.id in pure and uses.get(term.id, 0) == 1:
                 offsets += pure[term.id]
                 names.append(term.id)
             else:
@@ -152,10 +153,12 @@ def sum_packed_parameters(module: ast.Module, scalar_offsets: dict[tuple, int]) 
             offsets, _, others = split(_terms(statement.value))
             if offsets and not others:
                 pure[statement.targets[0].id] = offsets
+        before = rewritten
         visitor.visit(statement)
+        if rewritten != before:
+            ast.fix_missing_locations(statement)  # its new nodes; the rest have theirs
     function.body = [statement for statement in function.body
                      if not (isinstance(statement, ast.Assign)
                              and isinstance(statement.targets[0], ast.Name)
                              and statement.targets[0].id in absorbed)]
-    ast.fix_missing_locations(module)
     return rewritten

@@ -332,8 +332,10 @@ class _Builder:
                 groups[(level, members[0][0])] = [(inst, row) for _, inst, row in members]
                 continue
             union = tuple(sorted({k for key in keys for k in key[1]}, key=self.order))
+            # each member's components in the order of the union: where each key holds them
+            where = {key: {k: i for i, k in enumerate(key[1])} for key in keys}
             groups[(level, (head, union))] = [
-                (tuple(instance[key[1].index(k)] if k in key[1] else [] for k in union), row)
+                (tuple(instance[where[key][k]] if k in where[key] else [] for k in union), row)
                 for key, instance, row in members]
         return groups
 
