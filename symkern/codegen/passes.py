@@ -28,6 +28,7 @@ import numpy as np
 from symkern.codegen import trig
 from symkern.codegen.collection import collection_paused
 from symkern.codegen.contract import contract_linear_forms, tile
+from symkern.codegen.factors import scalar_factors_first
 from symkern.codegen.interpret import TILE as INTERPRET_TILE
 from symkern.codegen.interpret import interpret_body
 from symkern.codegen.materialize import materialize_shared
@@ -379,6 +380,19 @@ def materialize(generated: GeneratedCode, context: PassContext) -> GeneratedCode
     return _replaced(generated, materialized)
 
 
+def _scalar_factors_opens(generated: GeneratedCode, context: PassContext) -> bool:
+    return generated.form in (SCALAR, PIECES)
+
+
+def scalar_factors(generated: GeneratedCode, context: PassContext) -> GeneratedCode:
+    """In every product, the factors that read no per-sample value multiplied first."""
+    module = generated.module  # changed in place only where a chain is reordered
+    data_names = [f"x{k + 1}" for k in range(context.data_count)]
+    if not scalar_factors_first(module, data_names):
+        return generated
+    return _replaced(generated, module)
+
+
 def _polynomial_trig_opens(generated: GeneratedCode, context: PassContext) -> bool:
     return context.options.trig == "polynomial" and trig.applies(
         generated.module, context.dtype, context.backend)
@@ -426,6 +440,11 @@ PASSES: tuple[Pass, ...] = (
          "options.materialize; a scalar body whose outputs share a costly data-dependent value",
          "XLA copies shared producers into each output's fusion",
          "shared values computed in `lax.cond` levels (`_m0`, ...)"),
+    Pass("scalar_factors", _scalar_factors_opens, scalar_factors,
+         "a scalar body, or one compiled as pieces",
+         "SymPy orders a product's factors by name, a parameter after the per-sample values: "
+         "the double pendulum multiplied its batch 8 times more (0.93x its throughput)",
+         "`2 * _c1 * _d2 * ps['l1']` becomes `2 * ps['l1'] * _c1 * _d2`"),
     Pass("decide_assembly", _always, decide_assembly,
          "always; options.assembly, else separate for a scalar body > "
          "SEPARATE_ABOVE_OPERATIONS, fused otherwise",

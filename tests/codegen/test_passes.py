@@ -32,7 +32,7 @@ def test_docs_open_with_the_generated_pass_table():
 def test_the_passes_run_in_their_listed_order_and_name_a_gate_and_a_reason():
     names = [p.name for p in passes.PASSES]
     assert names == ["contract", "vectorize", "packed_sums", "interpret", "split", "materialize",
-                     "decide_assembly", "polynomial_trig"]
+                     "scalar_factors", "decide_assembly", "polynomial_trig"]
     assert len(set(names)) == len(names)
     for step in passes.PASSES:
         assert step.gate and step.reason and step.changes
