@@ -95,6 +95,10 @@ class ScalarProgram:
                                        signature.dtype)
                        if packs(signature.parameters) else None)
         self._vmappable: Callable[..., Any] | None = None
+        if generated.form == "interpreted":
+            # its parameters are scalars of the instruction table (symkern.codegen.interpret):
+            # parameters mapped per sample take JAX's batching of the loop
+            self.folds_scalar_parameters = False
 
     @property
     def dtype(self) -> np.dtype:

@@ -192,3 +192,20 @@ def test_run_refuses_unknown_operations():
     with pytest.raises(ValueError, match="not an operation"):
         interpret.run(np.zeros((1, 4), np.int32), np.zeros(0), (np.zeros(3),), (),
                       ops=("jnp.save",), outputs=(0,), registers=1, dtype="float64")
+
+
+@pytest.mark.parametrize("count", [2, 6])  # parameters passed one by one, and packed
+def test_parameters_mapped_per_sample_under_vmap(count):
+    qs = sp.symbols(f"q0:{count}")
+    expr = sum(sp.sin(q * X[0]) * X[1] for q in qs)
+    interpreted = _interpreted(expr, list(X), list(qs))
+    compiled = sk.build_function(expr, list(X), params=list(qs), dtype="float64",
+                                 options=sk.BuildOptions(interpret=False))
+    assert interpreted.packs_parameters == (count >= 4)
+    data = np.random.default_rng(6).uniform(-1, 1, (7, 3))
+    ensemble = [np.linspace(0.1, 0.9, 7) * (k + 1) for k in range(count)]
+
+    def mapped(kernel):
+        return jax.vmap(lambda d, *p: kernel(d, list(p)))(data, *ensemble)
+
+    np.testing.assert_allclose(mapped(interpreted), mapped(compiled), rtol=1e-12)
