@@ -310,6 +310,30 @@ class _Builder:
             self.outputs.add(row)
         return row
 
+    def _merged(self) -> dict[tuple[int, Any], list[tuple[tuple, Any, int]]]:
+        last = max((level for _, _, row, level in self.members if row in self.outputs),
+                   default=0)
+        merged: dict[tuple[int, Any], list[tuple[tuple, Any, int]]] = defaultdict(list)
+        for key, instance, row, level in self.members:
+            level = last if row in self.outputs else level
+            merged[(level, _head(key))].append((key, instance, row))
+        return merged
+
+    def template_floor(self) -> int:
+        """The fewest template operations `groups()` can emit, known without building them:
+        one per group, and one per component of a merged sum (product) that some member
+        lacks (it is masked). Padding each member to the union of its group's components
+        costs members times components: 3.7 s of a 10^5-operation body that then did not
+        shrink enough, which this bound tells first."""
+        floor = 0
+        for members in self._merged().values():
+            keys = {key for key, _, _ in members}
+            floor += 1
+            if len(keys) > 1:
+                components = [set(key[1]) for key in keys]
+                floor += len(set().union(*components) - set.intersection(*components))
+        return floor
+
     def groups(self) -> dict[tuple[int, tuple], list[tuple[Any, int]]]:
         """Members grouped by (level, template).
 
@@ -319,14 +343,8 @@ class _Builder:
         generated 10^5-operation body were four groups of 2-18 members, each a loop too
         narrow to pay for its steps.
         """
-        last = max((level for _, _, row, level in self.members if row in self.outputs),
-                   default=0)
-        merged: dict[tuple[int, Any], list[tuple[tuple, Any, int]]] = defaultdict(list)
-        for key, instance, row, level in self.members:
-            level = last if row in self.outputs else level
-            merged[(level, _head(key))].append((key, instance, row))
         groups: dict[tuple[int, tuple], list[tuple[Any, int]]] = {}
-        for (level, head), members in merged.items():
+        for (level, head), members in self._merged().items():
             keys = {key for key, _, _ in members}
             if len(keys) == 1:
                 groups[(level, members[0][0])] = [(inst, row) for _, inst, row in members]
@@ -497,6 +515,13 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
                 outputs.append(builder.member(value, output=True))
     except (_Unsupported, _Declined):
         return None
+    # what stays scalar code counts too, and each output is a slice and a place in the
+    # assembly: n_link_pendulum_on_cart(14)'s 1,365 entries over 56 template operations
+    # compiled as long as its scalar body and ran half as fast
+    scalar_operations = sum(operation_count(node) for node in [*prologue, *builder.scalars])
+    fixed = scalar_operations + 2 * len(outputs)
+    if (builder.template_floor() + fixed) * min_shrink > operations:
+        return None  # the test below, on fewer template operations than it would count
     groups = builder.groups()
     if not groups:
         return None
@@ -527,12 +552,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
         lines.extend((level, function) for function in emitter.functions)
         emitter.functions.clear()
         lines.append((level, f"{name} = {expression}"))
-    template_nodes = emitter.nodes
-    # what stays scalar code counts too, and each output is a slice and a place in the
-    # assembly: n_link_pendulum_on_cart(14)'s 1,365 entries over 56 template operations
-    # compiled as long as its scalar body and ran half as fast
-    scalar_operations = sum(operation_count(node) for node in [*prologue, *builder.scalars])
-    if (template_nodes + scalar_operations + 2 * len(outputs)) * min_shrink > operations:
+    if (emitter.nodes + fixed) * min_shrink > operations:
         return None
     output_rows = [positions[o] for o in outputs if isinstance(o, int)]
     out_table = emitter.table(np.asarray(output_rows, np.int32))
@@ -580,4 +600,4 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
     literal_count = sum(1 for a in function.args.args if a.arg.startswith("_k"))
     function.args.args[literal_count:literal_count] = [ast.arg(f"_v{n}") for n in names]
     function.body = prologue + generated
-    return VectorizedBody(len(ordered), template_nodes, len(positions) + 2, len(levels))
+    return VectorizedBody(len(ordered), emitter.nodes, len(positions) + 2, len(levels))
