@@ -372,7 +372,10 @@ class Kernel:
     def check_parameters(self, ps: Any) -> tuple[Any, ...]:
         if not self.signature.has_parameters:
             return ()
-        leaves, treedef = jax.tree_util.tree_flatten(ps)
+        return self._checked_leaves(ps, *jax.tree_util.tree_flatten(ps))
+
+    def _checked_leaves(self, ps: Any, leaves: list, treedef: Any) -> tuple[Any, ...]:
+        """`check_parameters` of `ps`, flattened already to `leaves` and `treedef`."""
         if treedef != self.signature.parameter_treedef:
             try:
                 leaves = self.signature.parameter_treedef.flatten_up_to(ps)
@@ -412,8 +415,15 @@ class Kernel:
             return self.check_parameters(ps)
         if packer.accepts(ps):
             return ps
-        packed = packer.pack(ps)
-        return packed if packed is not None else packer.pack_leaves(self.check_parameters(ps))
+        packed = packer.pack(ps)  # a flat dict or list of numbers, without flattening
+        if packed is not None:
+            return packed
+        leaves, treedef = jax.tree_util.tree_flatten(ps)
+        if treedef == self.signature.parameter_treedef:
+            packed = packer.pack_flattened(leaves)
+            if packed is not None:
+                return packed
+        return packer.pack_leaves(self._checked_leaves(ps, leaves, treedef))
 
     def _packed_arguments(self, args: tuple) -> tuple:
         """The call's arguments with `ps` packed, when the kernel packs and the count fits."""

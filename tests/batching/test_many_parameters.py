@@ -130,6 +130,168 @@ def test_a_wrong_tree_or_leaf_is_the_same_argument_error_packed(thousand, change
         thousand(X, values)
 
 
+def _packed_and_plain(monkeypatch, expression, params):
+    """The same kernel built packing and with one argument per leaf."""
+    packed = sk.build_function(expression, [x], params=params)
+    monkeypatch.setattr(packing, "PACK_FROM_LEAVES", 10 ** 9)
+    monkeypatch.setattr(packing, "PACK_ARRAYS_FROM_LEAVES", 10 ** 9)
+    plain = sk.build_function(expression, [x], params=params)
+    assert packed.packs_parameters and not plain.packs_parameters
+    return packed, plain
+
+
+def _same_error(packed, plain, values):
+    with pytest.raises(ArgumentError) as packed_error:
+        packed(X, values)
+    with pytest.raises(ArgumentError) as plain_error:
+        plain(X, values)
+    assert str(packed_error.value) == str(plain_error.value)
+
+
+@pytest.fixture
+def nested(monkeypatch):
+    """A kernel of a nested tree of seven scalar parameters, packing and not."""
+    a = {f"p{i}": sp.Symbol(f"a{i}") for i in range(4)}
+    b = [sp.Symbol(f"b{i}") for i in range(3)]
+    expression = x * (sum(a.values()) + 2 * sum(b)) + sp.sin(x) * b[2]
+    return _packed_and_plain(monkeypatch, expression, {"a": a, "b": b})
+
+
+def _nested_values(a=(0.5, -1.0, 2.0, 3.0), b=(1.5, 0.25, -2.0)):
+    return {"a": {f"p{i}": v for i, v in enumerate(a)}, "b": list(b)}
+
+
+@pytest.mark.parametrize("kind", ["floats", "mixed numbers", "0-d arrays", "device scalars"])
+def test_a_nested_tree_of_numbers_packs_with_one_check_over_its_leaves(nested, kind):
+    packed, plain = nested
+    values = _nested_values()
+    if kind == "mixed numbers":
+        values = {"a": {"p0": 0.5, "p1": np.float32(-1.0), "p2": 2, "p3": np.int64(3)},
+                  "b": [np.float64(1.5), True, np.float16(-2.0)]}
+    elif kind == "0-d arrays":
+        values = jax.tree_util.tree_map(np.asarray, values)
+    elif kind == "device scalars":
+        values = jax.tree_util.tree_map(jnp.asarray, values)
+    leaves = jax.tree_util.tree_leaves(values)
+    assert isinstance(packed.program.packer.pack_flattened(leaves), PackedParameters)
+    want = plain(X, values)
+    np.testing.assert_allclose(packed(X, values), want, rtol=1e-12)
+    np.testing.assert_allclose(packed(X, values), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["sympy numbers", "int8", "device and numpy", "float32 device"])
+def test_leaves_the_one_check_does_not_take_are_checked_one_by_one(nested, kind):
+    packed, plain = nested
+    values = _nested_values()
+    if kind == "sympy numbers":
+        values["a"]["p1"], values["b"][0] = sp.Rational(-1, 2), sp.Float(1.5)
+    elif kind == "int8":
+        values["a"]["p3"] = np.int8(3)
+    elif kind == "device and numpy":
+        values["b"] = [jnp.asarray(v) for v in values["b"]]
+        values["a"] = {k: np.asarray(v) for k, v in values["a"].items()}
+    else:
+        values = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float32), values)
+    assert packed.program.packer.pack_flattened(jax.tree_util.tree_leaves(values)) is None
+    np.testing.assert_allclose(packed(X, values), plain(X, values), rtol=1e-12)
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "tuple", "string", "none", "huge",
+                                    "complex", "symbol", "shape"])
+def test_a_wrong_leaf_of_a_nested_tree_is_the_error_of_one_argument_per_leaf(nested, change):
+    values = _nested_values()
+    if change == "missing":
+        del values["a"]["p2"]
+    elif change == "extra":
+        values["b"].append(1.0)
+    elif change == "tuple":
+        values["b"] = tuple(values["b"])
+    elif change == "string":
+        values["a"]["p2"] = "2"
+    elif change == "none":
+        values["b"][1] = None
+    elif change == "huge":
+        values["b"][1] = 2 ** 2000
+    elif change == "complex":
+        values["a"]["p0"] = 1 + 2j
+    elif change == "symbol":
+        values["a"]["p0"] = sp.Symbol("q")
+    else:
+        values["b"][2] = np.ones(2)
+    _same_error(*nested, values)
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "string", "huge", "complex", "shape"])
+def test_a_wrong_leaf_of_a_flat_dict_is_the_error_of_one_argument_per_leaf(monkeypatch,
+                                                                           change):
+    symbols = [sp.Symbol(f"p{i}") for i in range(12)]
+    kernel_pair = _packed_and_plain(monkeypatch, x * sp.Add(*symbols),
+                                    {f"p{i}": s for i, s in enumerate(symbols)})
+    values = {f"p{i}": float(i) for i in range(12)}
+    if change == "missing":
+        del values["p7"]
+    else:
+        values.update({"extra": {"q": 1.0}, "string": {"p7": "2"}, "huge": {"p7": 2 ** 2000},
+                       "complex": {"p7": 1j}, "shape": {"p7": np.ones(2)}}[change])
+    _same_error(*kernel_pair, values)
+
+
+@pytest.fixture
+def vectors(monkeypatch):
+    """A kernel of four 2-vector parameters, packing (PACK_ARRAYS_FROM_LEAVES lowered to 4)
+    and not."""
+    monkeypatch.setattr(packing, "PACK_ARRAYS_FROM_LEAVES", 4)
+    vectors = [sp.Matrix(sp.symbols(f"v{k}_0 v{k}_1")) for k in range(4)]
+    expression = x * sum(v[0] - 2 * v[1] for v in vectors)
+    return _packed_and_plain(monkeypatch, expression,
+                             {f"v{k}": v for k, v in enumerate(vectors)})
+
+
+def _vector_values(make=np.array):
+    return {f"v{k}": make([k + 1.0, 0.5 * k]) for k in range(4)}
+
+
+@pytest.mark.parametrize("kind", ["float64", "float32", "int", "bool", "device"])
+def test_a_tree_of_arrays_packs_with_one_check_over_its_leaves(vectors, kind):
+    packed, plain = vectors
+    values = _vector_values()
+    if kind in ("float32", "int", "bool"):
+        values = {k: v.astype(kind) for k, v in values.items()}
+    elif kind == "device":
+        values = jax.tree_util.tree_map(jnp.asarray, values)
+    assert isinstance(packed.program.packer.pack_flattened(list(values.values())),
+                      PackedParameters)
+    np.testing.assert_allclose(packed(X, values), plain(X, values), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lists", "numpy and device", "float32 device", "column",
+                                  "sympy objects"])
+def test_arrays_the_one_check_does_not_take_are_checked_one_by_one(vectors, kind):
+    packed, plain = vectors
+    values = _vector_values()
+    if kind == "lists":
+        values = {k: list(v) for k, v in values.items()}
+    elif kind == "numpy and device":
+        values["v1"] = jnp.asarray(values["v1"])
+    elif kind == "float32 device":
+        values = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+    elif kind == "column":
+        values["v2"] = values["v2"].reshape(2, 1)
+    else:
+        values["v0"] = np.array([sp.Rational(1, 2), sp.Integer(3)], dtype=object)
+    assert packed.program.packer.pack_flattened(list(values.values())) is None
+    np.testing.assert_allclose(packed(X, values), plain(X, values), rtol=1e-12)
+
+
+@pytest.mark.parametrize("change", ["length", "matrix", "complex", "strings", "symbols"])
+def test_a_wrong_array_leaf_is_the_error_of_one_argument_per_leaf(vectors, change):
+    values = _vector_values()
+    values["v3"] = {"length": np.ones(3), "matrix": np.ones((2, 2)),
+                    "complex": np.array([1j, 2.0]), "strings": np.array(["1", "2"]),
+                    "symbols": np.array([sp.Symbol("q"), 1], dtype=object)}[change]
+    _same_error(*vectors, values)
+
+
 def test_gradients_keep_the_tree_and_match_the_unpacked_kernel():
     count = 60
     packed, _ = _sum_kernel(count)
