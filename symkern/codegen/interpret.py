@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from symkern.codegen.callee import CALLEE_TABLE
+from symkern.codegen.callee import CALLEE_TABLE, dotted_name
 
 #: samples per tile: the registers of a tile stay in the cache (BuildOptions.tile_chunk
 #: replaces it); measured per operation and sample at 1,024: 0.9 ns, at 100,000 in one
@@ -59,17 +59,6 @@ FUNCTIONS: dict[str, int] = {row.target: row.arity for row in CALLEE_TABLE.value
                              if row.vectorizable and row.arity in (1, 2)}
 #: what `run` accepts as an operation name: LOADS, BINARY's names, "neg", "ipow:N", FUNCTIONS
 INTEGER_POWER = "ipow:"
-
-
-def _dotted(node: ast.expr) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _operation(name: str) -> Any:
@@ -288,7 +277,7 @@ class _Translator:
             operand = self.value(node.operand)
             return self.row("neg", operand) if isinstance(node.op, ast.USub) else operand
         if isinstance(node, ast.Call) and not node.keywords:
-            name = _dotted(node.func)
+            name = dotted_name(node.func)
             if (name == "lax.integer_pow" and len(node.args) == 2
                     and isinstance(node.args[1], ast.Constant)
                     and type(node.args[1].value) is int):

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from symkern.codegen.callee import VECTORIZABLE_TARGETS
+from symkern.codegen.callee import VECTORIZABLE_TARGETS, dotted_name
 from symkern.codegen.operations import count_and_reads, operation_count, read_counts
 from symkern.codegen.rules import (
     DATA_NAME,
@@ -89,15 +89,6 @@ class VectorizedBody:
     rows: int
     levels: int
 
-
-def _dotted(node: ast.expr) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
 
 
 def _chain(node: ast.expr, ops: tuple[type, ...],
@@ -227,7 +218,7 @@ class _Builder:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return self._fixed(("neg",), node, [node.operand])
         if isinstance(node, ast.Call) and not node.keywords:
-            name = _dotted(node.func)
+            name = dotted_name(node.func)
             if name == "lax.integer_pow" and len(node.args) == 2 \
                     and isinstance(node.args[1], ast.Constant):
                 return self._fixed(("ipow", node.args[1].value), node, [node.args[0]])
@@ -508,7 +499,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
                 prologue.append(kept)
         outputs: list[ast.expr | int] = []
         for value in returned.value.elts:
-            if not builder.reads_rows(value) or _dotted(getattr(value, "func", value)) \
+            if not builder.reads_rows(value) or dotted_name(getattr(value, "func", value)) \
                     == "jnp.broadcast_to":
                 outputs.append(value)
             else:
