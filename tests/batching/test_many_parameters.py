@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import symkern as sk
 from symkern.batching import build, packing
+from symkern.batching import kernel as kernel_module
 from symkern.batching.packing import PACK_ARRAYS_FROM_LEAVES, PACK_FROM_LEAVES, PackedParameters
 from symkern.codegen import passes
 from symkern.codegen.packed_sums import PACKED_SUM_MIN_TERMS, sum_packed_parameters
@@ -472,3 +473,28 @@ def test_random_parameter_trees_give_the_values_of_one_argument_per_leaf(case, p
         jax.tree_util.tree_map(jnp.asarray, values))
     np.testing.assert_allclose(kernel.bind(values)(X), want, rtol=1e-10)
     np.testing.assert_allclose(kernel.flat()(X, kernel.flatten(values)), want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("count", [5, kernel_module.DIRECT_TREE_LEAVES + 1])
+def test_a_small_tree_of_device_arrays_is_packed_inside_the_direct_call(monkeypatch, count):
+    """Up to DIRECT_TREE_LEAVES leaves, all JAX arrays: the call hands the tree to the direct
+    path as it is (packed in its trace); past it, or with Python numbers, it packs first."""
+    x = sp.Symbol("x")
+    symbols = sp.symbols(f"q0:{count}")
+    kernel = sk.build_function(x * sp.Add(*[s * (i + 1) for i, s in enumerate(symbols)]), x,
+                               params={str(s): s for s in symbols})
+    assert kernel.packs_parameters
+    values = {str(s): 0.01 * i for i, s in enumerate(symbols)}
+    device = {key: jax.device_put(np.asarray(v, kernel.dtype)) for key, v in values.items()}
+    X = np.linspace(-1.0, 1.0, 8).astype(kernel.dtype)
+    want = X * sum(0.01 * i * (i + 1) for i in range(count))
+    kernel(X, values)  # the shape has run: later calls take the direct path
+    kernel(X, device)  # the direct path traced for a tree of arrays (packed in its trace)
+    packed = []
+    original = kernel.pack_parameters
+    monkeypatch.setattr(kernel, "pack_parameters", lambda ps: packed.append(1) or original(ps))
+    np.testing.assert_allclose(kernel(X, device), want, rtol=1e-5)
+    assert bool(packed) == (count > kernel_module.DIRECT_TREE_LEAVES)
+    packed.clear()
+    np.testing.assert_allclose(kernel(X, values), want, rtol=1e-5)
+    assert packed  # Python numbers are packed on the host
