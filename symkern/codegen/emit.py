@@ -106,7 +106,14 @@ class _KernelPrinter(JaxPrinter):
             generated = None if self.names is None else self.names.get(expr)
             if generated is None:
                 return None
-            printed = self.printed_names[expr] = self._print(generated)
+            # the generated name prints as itself: a user's symbol may be spelled like a
+            # generated one (`_a0`), and looking the name up again would print another
+            # argument's entry, or recurse forever
+            names, self.names = self.names, None
+            try:
+                printed = self.printed_names[expr] = self._print(generated)
+            finally:
+                self.names = names
         return printed
 
     def _print_Symbol(self, expr: sp.Symbol) -> str:

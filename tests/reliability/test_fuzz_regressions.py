@@ -130,3 +130,16 @@ def test_row_matrix_data_and_row_matrix_parameter_shapes(batch, dtype):
     assert doubled.shape == batch + (1, 2)
     np.testing.assert_allclose(dot, np.full(batch + (1,), -1.0))
     np.testing.assert_allclose(doubled, 2 * X[..., None, :])
+
+
+def test_symbols_spelled_like_generated_names_print_as_their_own_arguments():
+    """A user's `_a0` or `_c0` is printed as its argument's entry, never looked up again as
+    a generated name (which recursed forever, or read another argument)."""
+    a0, c0, d0 = sp.Symbol("_a0"), sp.Symbol("_c0"), sp.Symbol("_d0")
+    negated = sk.build_function(sp.Matrix([[-a0]]), a0, dtype="float64")
+    np.testing.assert_allclose(negated(np.array([0.5, 2.0])), [[-0.5], [-2.0]])
+    first = sk.build_function(c0, c0, a0, cse=False, dtype="float64")
+    assert float(first(0.5, 0.0)) == 0.5
+    mixed = sk.build_function(d0 * sp.Symbol("x1") + sp.Symbol("ps"), [sp.Symbol("x1"), d0],
+                              params=[sp.Symbol("ps")], dtype="float64")
+    assert float(mixed(np.array([2.0, 3.0]), [1.0])) == 7.0
