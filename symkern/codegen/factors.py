@@ -1,11 +1,11 @@
 """codegen, stage 3 helper: a product's factors that do not read the data multiplied first.
 
-Imports ast only. SymPy's printer orders a product's factors by their printed names, and the
-kernel's names put a parameter read (`ps['l1']`) after the per-sample values (`_c1`, `_d2`),
-so `2 * _c1 * _c9 * _d2 * ps['l1']` multiplies the whole batch four times, where
-`2 * ps['l1'] * _c1 * _c9 * _d2` multiplies two numbers once and the batch three times (the
-double pendulum's body: 8 batch-wide multiplications more, 0.93x its throughput). The
-`scalar_factors_first` pass (symkern.codegen.passes) moves, in every chain of `*`, the
+Imports ast and symkern.codegen.operations. SymPy's printer orders a product's factors by
+their printed names, and the kernel's names put a parameter read (`ps['l1']`) after the
+per-sample values (`_c1`, `_d2`), so `2 * _c1 * _c9 * _d2 * ps['l1']` multiplies the whole
+batch four times, where `2 * ps['l1'] * _c1 * _c9 * _d2` multiplies two numbers once and the
+batch three times (the double pendulum's body: 8 batch-wide multiplications more, 0.93x its
+throughput). The `scalar_factors_first` pass (symkern.codegen.passes) moves, in every chain of `*`, the
 factors that read no per-sample value to the front, keeping the order within each group
 (a leading minus sign goes to the first of them).
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+
+from symkern.codegen.operations import reads_values_of
 
 
 def _chain(node: ast.expr) -> list[ast.expr]:
@@ -32,15 +34,7 @@ class _Reorder(ast.NodeTransformer):
         self.changed = 0
 
     def reads_data(self, node: ast.AST) -> bool:
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            if isinstance(current, ast.Attribute) and current.attr == "shape":
-                continue
-            if isinstance(current, ast.Name) and current.id in self.per_sample:
-                return True
-            stack.extend(ast.iter_child_nodes(current))
-        return False
+        return reads_values_of(node, self.per_sample)
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
         if not isinstance(node.op, ast.Mult):

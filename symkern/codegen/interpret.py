@@ -39,6 +39,7 @@ import numpy as np
 from jax import lax
 
 from symkern.codegen.callee import CALLEE_TABLE, dotted_name
+from symkern.codegen.operations import reads_values_of
 
 #: samples per tile: the registers of a tile stay in the cache (BuildOptions.tile_chunk
 #: replaces it); measured per operation and sample at 1,024: 0.9 ns, at 100,000 in one
@@ -59,6 +60,11 @@ FUNCTIONS: dict[str, int] = {row.target: row.arity for row in CALLEE_TABLE.value
                              if row.vectorizable and row.arity in (1, 2)}
 #: what `run` accepts as an operation name: LOADS, BINARY's names, "neg", "ipow:N", FUNCTIONS
 INTEGER_POWER = "ipow:"
+
+
+def _binary(op: str) -> bool:
+    """Whether an operation of registers reads two of them."""
+    return op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2
 
 
 def _operation(name: str) -> Any:
@@ -88,7 +94,7 @@ def _branches(ops: Sequence[str]) -> list[Any]:
                 lax.dynamic_index_in_dim(P, a, 0, False), x.shape))
         else:
             function = _operation(name)
-            two = name in _BINARY_FUNCTIONS or FUNCTIONS.get(name) == 2
+            two = _binary(name)
             branches.append((lambda x, y, D, S, P, a, f=function: f(x, y)) if two
                             else (lambda x, y, D, S, P, a, f=function: f(x)))
     return branches
@@ -189,7 +195,7 @@ class _Translator:
         self.parameter_path = parameter_path
         self.parameter_entries = parameter_entries
         self.values: dict[str, int] = {}  # a local name → its value
-        self.data_locals: set[str] = set()  # the locals that read the data
+        self.per_sample = set(data_names)  # the data arguments, and the locals read from them
         self.free_locals: dict[str, ast.expr] = {}  # the others, by their expressions
         self.rows: list[tuple[str, int, int]] = []  # (op, a, b); the row's value is its index
         self.columns: dict[str, int] = {}  # a data read's source → column
@@ -200,18 +206,8 @@ class _Translator:
         self.number_values: list[float] = []
 
     def depends(self, node: ast.AST) -> bool:
-        """Whether `node` reads a sample's values (reading a data argument's `.shape`, as
-        the broadcast of a constant output does, is not reading its values)."""
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            if isinstance(current, ast.Attribute) and current.attr == "shape":
-                continue
-            if isinstance(current, ast.Name) and (current.id in self.data_names
-                                                  or current.id in self.data_locals):
-                return True
-            stack.extend(ast.iter_child_nodes(current))
-        return False
+        """Whether `node` reads a sample's values: a data argument or a local read from one."""
+        return reads_values_of(node, self.per_sample)
 
     def row(self, op: str, a: int = 0, b: int = 0) -> int:
         self.rows.append((op, a, b))
@@ -297,7 +293,7 @@ def _allocate(rows: Sequence[tuple[str, int, int]], outputs: Sequence[int]) -> t
         if op in LOADS:
             continue
         last[a] = index
-        if op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2:
+        if _binary(op):
             last[b] = index
     for value in outputs:
         last[value] = len(rows)
@@ -350,7 +346,7 @@ def interpret_body(module: ast.Module, data_names: Sequence[str], numbers_each: 
                 raise _NotInterpretable(f"a {type(statement).__name__} statement")
             name = statement.targets[0].id
             if translator.depends(statement.value):
-                translator.data_locals.add(name)
+                translator.per_sample.add(name)
                 translator.values[name] = translator.value(statement.value)
             else:  # kept: a constant output or a scalar may read it (else XLA drops it)
                 translator.free_locals[name] = statement.value
@@ -374,7 +370,7 @@ def interpret_body(module: ast.Module, data_names: Sequence[str], numbers_each: 
         op, a, b = translator.rows[index]
         if live[index] and op not in LOADS:
             live[a] = True
-            if op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2:
+            if _binary(op):
                 live[b] = True
     renumber, rows = {}, []
     for index, row in enumerate(translator.rows):
@@ -382,7 +378,7 @@ def interpret_body(module: ast.Module, data_names: Sequence[str], numbers_each: 
             op, a, b = row
             if op not in LOADS:
                 a = renumber[a]
-                b = renumber[b] if (op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2) else 0
+                b = renumber[b] if _binary(op) else 0
             renumber[index] = len(rows)
             rows.append((op, a, b))
     computed = [renumber[v] for v in computed]
@@ -399,7 +395,7 @@ def interpret_body(module: ast.Module, data_names: Sequence[str], numbers_each: 
             a = scalar_count + (-1 - a)
         elif op not in LOADS:
             a = register[a]
-            b = register[b] if (op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2) else 0
+            b = register[b] if _binary(op) else 0
         table[index] = (op_index[op], register[index], a, b)
     numbers = np.asarray(translator.number_values, np.dtype(dtype))
     names = ("_i0", "_i1")
@@ -451,7 +447,7 @@ def listing(table: np.ndarray, ops: Sequence[str]) -> str:
         op = ops[op_index]
         if op in LOADS:
             lines.append(f"r{destination} = {op} {a}")
-        elif op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2:
+        elif _binary(op):
             lines.append(f"r{destination} = {op} r{a} r{b}")
         else:
             lines.append(f"r{destination} = {op} r{a}")

@@ -8,6 +8,7 @@ time grows with it.
 from __future__ import annotations
 
 import ast
+from collections.abc import Container
 
 #: AST nodes counted as one operation by `operation_count`
 _OPERATIONS = (ast.BinOp, ast.UnaryOp, ast.Call, ast.Compare, ast.BoolOp)
@@ -70,3 +71,17 @@ def read_counts(node: ast.AST) -> dict[str, int]:
             elif isinstance(value, list):
                 stack.extend(item for item in value if isinstance(item, ast.AST))
     return counts
+
+
+def reads_values_of(node: ast.AST, names: Container[str]) -> bool:
+    """Whether `node` reads the value of one of `names` (reading its `.shape`, as the
+    broadcast of a constant output does, is not reading its values)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.Attribute) and current.attr == "shape":
+            continue
+        if isinstance(current, ast.Name) and current.id in names:
+            return True
+        stack.extend(ast.iter_child_nodes(current))
+    return False
