@@ -328,7 +328,7 @@ def interpret_body(module: ast.Module, data_names: Sequence[str], numbers_each: 
     buffer, when the kernel packs its parameters: the table reads them there."""
     # imported here: the rules import the kernel namespace, which holds this module
     from symkern.codegen.packed_sums import parameter_path
-    from symkern.codegen.rules import HoistedLiteral, literal_value
+    from symkern.codegen.rules import HoistedLiteral, literal_value, returned_tuple
 
     function = next(node for node in module.body if isinstance(node, ast.FunctionDef))
     translator = _Translator(set(data_names), literal_value, parameter_path,
@@ -412,14 +412,7 @@ def interpret_body(module: ast.Module, data_names: Sequence[str], numbers_each: 
     call = (f"_O = interp.run({names[0]}, {names[1]}, ({columns},), ({scalars}{',' if scalars else ''}), "
             f"ops={tuple(ops)!r}, outputs={output_registers!r}, registers={registers}, "
             f"dtype={np.dtype(dtype).name!r}{packed}, tile={int(tile)})")
-    returns, k = [], 0
-    for result in results:
-        if isinstance(result, int):
-            returns.append(f"_O[{k}]")
-            k += 1
-        else:
-            returns.append(ast.unparse(result))
-    tail = ast.parse(call + f"\nreturn ({', '.join(returns)},)").body
+    tail = ast.parse(call + f"\nreturn {returned_tuple(results, '_O')}").body
     function.args.args[position:position] = [ast.arg(n) for n in names]
     function.body = prologue + tail
     ast.fix_missing_locations(module)

@@ -587,6 +587,19 @@ class HoistedLiteral:
     origin: str = "array literal (hoist_array_literals)"
 
 
+def returned_tuple(outputs: Sequence[int | ast.expr], computed: str) -> str:
+    """The return statement's tuple of a rewritten body: an int output is the next entry of
+    the array `computed` (`_O[k]`), any other output its own expression."""
+    returns, k = [], 0
+    for output in outputs:
+        if isinstance(output, int):
+            returns.append(f"{computed}[{k}]")
+            k += 1
+        else:
+            returns.append(ast.unparse(output))
+    return f"({', '.join(returns)},)"
+
+
 def literal_value(node: ast.expr) -> object | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
             and not isinstance(node.value, bool):

@@ -49,6 +49,7 @@ from symkern.codegen.rules import (
     kernel_function,
     literal_value,
     return_statement,
+    returned_tuple,
 )
 
 ROW = ("r",)
@@ -574,14 +575,7 @@ def vectorize(module: ast.Module, dtype: np.dtype, hoisted: list[HoistedLiteral]
         body.append(f"_S = vec.scalars([{scalar_list}], [{array_list}], {dtype_name!r})")
     body.append(f"_R = vec.store([{row_list}], {dtype_name!r})")
     body.append(f"_O = vec.chunked({LEVELS}, _R)")
-    returns, k = [], 0
-    for output in outputs:
-        if isinstance(output, int):
-            returns.append(f"_O[{k}]")
-            k += 1
-        else:
-            returns.append(ast.unparse(output))
-    body.append(f"return ({', '.join(returns)},)")
+    body.append(f"return {returned_tuple(outputs, '_O')}")
     generated = ast.parse("\n".join(body)).body
 
     names = [emitter.first_name + k for k in range(len(emitter.tables))]
