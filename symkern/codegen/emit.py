@@ -23,6 +23,7 @@ from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_message
 from symkern.codegen.linearize import linearize
+from symkern.codegen.printer import DelegateWholeFunction, StatementPrinter
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_bound_entry
@@ -638,18 +639,43 @@ def emit(
 
 def _print(equations, leaves, assignments, reduced, substitutions, printed_arguments,
            user_functions, printed_functions) -> EmittedCode:
-    """Print with SymPy's JAX printer, each argument entry as its generated name.
+    """Print the per-sample function, each argument entry as its generated name: the
+    statements through `printer.StatementPrinter`, which writes SymPy's JAX printer's text
+    (docs/design/build-cost.md, "The printer"), or all of it through that printer
+    (`_print_with_sympy`) where only it writes the text alike.
 
     The expressions are printed as they stand: substituting the generated names would
     rebuild each one (without evaluating it, or SymPy's assumptions system runs: each rebuilt
     `tanh`, `Mod` or `Pow` asks whether its argument is real, finite, negative, …), for the
     same text.
     """
+    leaves = _returned(equations, reduced)
+    try:
+        source = StatementPrinter(jax_printer(printed_functions, substitutions)).function(
+            FUNCTION_NAME, printed_arguments, assignments, leaves)
+    except DelegateWholeFunction:
+        return _print_with_sympy(equations, assignments, reduced, substitutions,
+                                 printed_arguments, user_functions, printed_functions)
+    except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
+        raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error
+    names = tuple(str(argument) for argument in printed_arguments)
+    return EmittedCode(source, names, user_functions)
+
+
+def _returned(equations: EquationSet, reduced: Sequence[sp.Basic]) -> list[sp.Basic]:
+    """The returned values: the equations' leaves rebuilt from their reduced entries."""
     leaves, start = [], 0
     for leaf in equations.leaves:
         count = len(_entries(leaf))
         leaves.append(_rebuild(leaf, reduced[start:start + count]))
         start += count
+    return leaves
+
+
+def _print_with_sympy(equations, assignments, reduced, substitutions, printed_arguments,
+                      user_functions, printed_functions) -> EmittedCode:
+    """`_print` through SymPy's own function printer (lambdify's `_EvaluatorPrinter`)."""
+    leaves = _returned(equations, reduced)
     try:
         source = _EvaluatorPrinter(
             jax_printer(printed_functions, substitutions), False
