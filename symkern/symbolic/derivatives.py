@@ -1,7 +1,7 @@
 """symbolic: derivatives of equations w.r.t. data arguments and parameter trees.
 
 Imports sympy, jax.tree_util (for the parameter tree order) and symkern.errors, plus
-SymbolicNetwork from this package; nothing else of symkern.
+SymbolicNetwork and the DAG derivatives of symkern.symbolic.autodiff; nothing else of symkern.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symkern.errors import BuildError
+from symkern.symbolic.autodiff import gradient_entries, hessian_rows, jacobian_rows
 from symkern.symbolic.networks import SymbolicNetwork
 
 Shape = tuple[int, ...]
@@ -162,9 +163,10 @@ def _equations(eqs: Any) -> tuple[Shape, list[sp.Expr]]:
 def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     """Derivative of `eqs` w.r.t. a data argument or each leaf of a parameter tree.
 
-    Data argument (a Symbol, a list/tuple of Symbols, or an n×1 Matrix): SymPy's
-    `Matrix.jacobian`, an m×n Matrix for an m×1 (or 1×m) `eqs`; an Expr counts as the
-    1×1 Matrix `[eqs]` and gives 1×n.
+Data argument (a Symbol, a list/tuple of Symbols, or an n×1 Matrix): what SymPy's
+    `Matrix.jacobian` gives, an m×n Matrix for an m×1 (or 1×m) `eqs`; an Expr counts as
+    the 1×1 Matrix `[eqs]` and gives 1×n. Every derivative here is taken over the
+    expression's DAG, each distinct sub-expression once (symkern.symbolic.autodiff).
 
     Parameter tree (dict/list/tuple nesting of Symbol, MatrixSymbol or Matrix leaves):
     the same tree with each leaf replaced by a `sympy.Array` of shape
@@ -190,15 +192,18 @@ def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
                     f"{eqs.shape[0]}×{eqs.shape[1]} Matrix; differentiate w.r.t. a "
                     "parameter tree for a higher-rank result"
                 )
-            return eqs.jacobian(symbols)
-        return sp.Matrix([_scalar(eqs)]).jacobian(symbols)
+            return sp.Matrix(jacobian_rows(list(eqs), symbols))
+        return sp.Matrix(jacobian_rows([_scalar(eqs)], symbols))
     eq_shape, entries = _equations(eqs)
     _reject_structured(eqs)
     leaves, treedef = _parameter_leaves(wrt)
-    derivatives = [
-        sp.Array([e.diff(s) for e in entries for s in leaf_symbols], eq_shape + leaf_shape)
-        for leaf_shape, leaf_symbols in leaves
-    ]
+    rows = jacobian_rows(entries, [s for _, leaf_symbols in leaves for s in leaf_symbols])
+    derivatives, start = [], 0
+    for leaf_shape, leaf_symbols in leaves:
+        stop = start + len(leaf_symbols)
+        derivatives.append(sp.Array([d for row in rows for d in row[start:stop]],
+                                    eq_shape + leaf_shape))
+        start = stop
     return jax.tree_util.tree_unflatten(treedef, derivatives)
 
 
@@ -219,12 +224,14 @@ def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     expr = _scalar(scalar)
     symbols = _data_symbols(wrt)
     if symbols is not None:
-        return sp.Matrix([expr.diff(s) for s in symbols])
+        return sp.Matrix(gradient_entries(expr, symbols))
     _reject_structured(scalar)
     leaves, treedef = _parameter_leaves(wrt)
-    gradients = []
+    flat = gradient_entries(expr, [s for _, leaf_symbols in leaves for s in leaf_symbols])
+    gradients, start = [], 0
     for leaf_shape, leaf_symbols in leaves:
-        entries = [expr.diff(s) for s in leaf_symbols]
+        entries = flat[start:start + len(leaf_symbols)]
+        start += len(leaf_symbols)
         if leaf_shape == ():
             gradients.append(entries[0])
         else:
@@ -235,7 +242,7 @@ def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
 
 @_over_the_reals
 def hessian(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix:
-    """Hessian of a scalar w.r.t. data (n×n, SymPy's `hessian`) or a parameter tree.
+    """Hessian of a scalar w.r.t. data (n×n, laid out as SymPy's `hessian`) or a parameter tree.
 
     For a parameter tree it is an N×N Matrix over all N scalar entries of its leaves,
     flattened leaf by leaf in JAX's pytree order (for `snn.params`, the order of
@@ -253,7 +260,7 @@ def hessian(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix:
         _reject_structured(scalar)
         leaves, _ = _parameter_leaves(wrt)
         symbols = [s for _, leaf_symbols in leaves for s in leaf_symbols]
-    return sp.hessian(expr, symbols)
+    return sp.Matrix(hessian_rows(expr, symbols))
 
 
 def parameter_gradient(loss: sp.Expr | sp.MatrixBase, snn: SymbolicNetwork) -> Any:
