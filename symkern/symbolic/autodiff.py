@@ -20,6 +20,7 @@ node only; a Piecewise differentiates branch by branch, as SymPy does, in forwar
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 
 import sympy as sp
@@ -54,12 +55,19 @@ def _rule(node: sp.Basic) -> int:
     if not all(isinstance(arg, sp.Expr) for arg in node.args):
         return SYMPY
     if isinstance(node, MinMaxBase) or (
-            isinstance(node, sp.Function)
-            and type(node)._eval_derivative is sp.Function._eval_derivative):
+            isinstance(node, sp.Function) and not _writes_own_derivative(type(node))):
         return FUNCTION
     if isinstance(node, _OWN_DERIVATIVE):
         return STAND_IN
     return SYMPY
+
+
+def _writes_own_derivative(cls: type) -> bool:
+    """Whether a Function class replaces SymPy's chain rule through `fdiff` with a
+    derivative of its own (SymPy's `_eval_derivative` hook, read statically: it is not
+    public API)."""
+    hook = "_eval_derivative"
+    return inspect.getattr_static(cls, hook) is not inspect.getattr_static(sp.Function, hook)
 
 
 def _fdiff(node: sp.Basic, index: int) -> sp.Expr:
@@ -191,7 +199,7 @@ def product(a: sp.Expr, b: sp.Expr) -> sp.Expr:
     merged.extend(fb[j:])
     if coefficient is not sp.S.One:
         merged.insert(0, coefficient)
-    return sp.Mul._from_args(merged, is_commutative=True)
+    return sp.Mul(*merged, evaluate=False)
 
 
 def total(terms: list[sp.Expr]) -> sp.Expr:
@@ -208,7 +216,7 @@ def total(terms: list[sp.Expr]) -> sp.Expr:
         parts.add(split[1])
     if len(parts) < len(terms):
         return sp.Add(*terms)
-    return sp.Add._from_args(sorted(terms, key=_args_sortkey), is_commutative=True)
+    return sp.Add(*sorted(terms, key=_args_sortkey), evaluate=False)
 
 
 def _nonzero(tangents: Tangents) -> Tangents:
