@@ -9,7 +9,7 @@ import ast
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_message
 from symkern.codegen.linearize import linearize
-from symkern.codegen.printer import DelegateWholeFunction, StatementPrinter
+from symkern.codegen.printer import DelegateWholeFunction, StatementPrinter, walk
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_bound_entry
@@ -68,22 +68,6 @@ class EmittedCode:
         return ast.parse(self.source)
 
 
-def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
-    """Every node under `roots`, each object once, without recursion.
-
-    Objects are told apart by identity: SymPy's own `==` and `hash` recurse on depth.
-    """
-    seen: set[int] = set()
-    stack = list(reversed(roots))
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        yield node
-        stack.extend(reversed(node.args))
-
-
 #: integers at least this large print as floats: JAX takes a Python int as a 32-bit integer
 #: (64-bit under x64) and raises OverflowError beyond it, while the kernel computes in floats
 LARGE_INTEGER = 2**31
@@ -97,6 +81,18 @@ class _KernelPrinter(JaxPrinter):
         super().__init__(settings)
         self.names = names
         self.printed_names: dict[sp.Basic, str] = {}
+
+    def print_node(self, expr: sp.Basic) -> str:
+        """One node's text, as printed inside an expression (`printer.StatementPrinter`)."""
+        return self._print(expr)
+
+    def module_format(self, name: str) -> str:
+        """`name` (a qualified function name) as this printer writes it."""
+        return self._module_format(name)
+
+    def module_name(self, name: str) -> str:
+        """A function of the printer's module (jax.numpy) as this printer writes it."""
+        return self._module_format(f"{self._module}.{name}")
 
     def _generated_name(self, expr: sp.Basic) -> str | None:
         # an argument entry prints as what it stands for (`_a0[1]`): the same text as the

@@ -11,7 +11,7 @@ most `linearize`'s max_depth deep outside the subtrees handed on, so the recursi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import sympy as sp
 from mpmath.libmp import fninf as _NEGATIVE_INFINITY
@@ -35,8 +35,9 @@ def float_is_negative(number: sp.Float) -> bool:
     """`number < 0` (and `number.is_extended_negative`) read off its mpmath value: SymPy
     deduces the assumptions again for each Float object, a third of printing a body of
     distinct coefficients. -inf is negative; nan and -0.0 are not."""
-    sign, mantissa, _, _ = number._mpf_
-    return sign == 1 and (mantissa != 0 or number._mpf_ == _NEGATIVE_INFINITY)
+    value, _ = number._hashable_content()  # (mpmath value, precision)
+    sign, mantissa, _, _ = value
+    return sign == 1 and (mantissa != 0 or value == _NEGATIVE_INFINITY)
 
 
 class DelegateWholeFunction(Exception):
@@ -87,8 +88,9 @@ class StatementPrinter:
     """Prints expressions as `delegate.doprint` does, without SymPy's dispatch and
     precedence lookups on the nodes of large bodies.
 
-    `delegate` is the JAX printer whose text this reproduces (emit's `jax_printer`): it
-    prints the atoms once each and every node type not printed here.
+    `delegate` is the JAX printer whose text this reproduces (emit's `jax_printer`, whose
+    `print_node`, `module_format` and `module_name` it calls): it prints the atoms once
+    each and every node type not printed here.
     """
 
     def __init__(self, delegate: CodePrinter) -> None:
@@ -97,8 +99,8 @@ class StatementPrinter:
             sp.Add: self._add, sp.Mul: self._mul, sp.Pow: self._pow}
         self._precedences: dict[type, int | Callable[[sp.Basic], int]] = {}
         self._atoms: dict[type, dict] = {}
-        self._sqrt = delegate._module_format(delegate._module + ".sqrt")
-        self._one = delegate._print(sp.S.One)
+        self._sqrt = delegate.module_name("sqrt")
+        self._one = delegate.print_node(sp.S.One)
         self._negative_exponents: dict[sp.Basic, str] = {}
         #: per number but Floats: (`number < 0`, its precedence, is_extended_negative)
         self._numbers: dict = {}
@@ -178,7 +180,7 @@ class StatementPrinter:
         known = self.delegate.known_functions.get(cls.__name__)
         if (issubclass(cls, Function) and getattr(method, "__func__", None) is _print_known_func
                 and isinstance(known, str)):
-            name = self.delegate._module_format(known)
+            name = self.delegate.module_format(known)
             if name in CALLEE_TABLE:
                 self._top_level.add(cls)
                 return lambda node: f"{name}({', '.join(map(self._text, node.args))})"
@@ -236,7 +238,7 @@ class StatementPrinter:
         seen = self._atoms.get(sp.Float)
         if seen is None:
             seen = self._atoms[sp.Float] = {}
-        key = (type(node), node._mpf_, node._prec)
+        key = (type(node), node._hashable_content())  # its value and precision
         printed = seen.get(key)
         if printed is None:
             printed = seen[key] = self._delegated(node)
@@ -245,7 +247,7 @@ class StatementPrinter:
     def _delegated(self, node: sp.Basic) -> str:
         if _holds(node, sp.re):
             raise _DelegateStatement
-        return self.delegate._print(node)
+        return self.delegate.print_node(node)
 
     def _add(self, expr: sp.Add) -> str:
         # emit._KernelPrinter._print_Add, terms in .args order ("order": "none")
@@ -350,12 +352,20 @@ def _delegate_statement(node: sp.Basic) -> str:
 
 def _holds(root: sp.Basic, cls: type) -> bool:
     """Whether a node under `root` is a `cls`, without recursion."""
-    stack, seen = [root], set()
+    return any(isinstance(node, cls) for node in walk([root]))
+
+
+def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
+    """Every node under `roots`, each object once, without recursion.
+
+    Objects are told apart by identity: SymPy's own `==` and `hash` recurse on depth.
+    """
+    seen: set[int] = set()
+    stack = list(reversed(roots))
     while stack:
         node = stack.pop()
-        if isinstance(node, cls):
-            return True
-        if id(node) not in seen:
-            seen.add(id(node))
-            stack.extend(getattr(node, "args", ()))
-    return False
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(reversed(node.args))
