@@ -23,7 +23,7 @@ from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_message
 from symkern.codegen.linearize import linearize
-from symkern.codegen.printer import DelegateWholeFunction, StatementPrinter, walk
+from symkern.codegen.printer import StatementPrinter, walk
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_bound_entry
@@ -649,11 +649,11 @@ def _print(equations, leaves, assignments, reduced, substitutions, printed_argum
     try:
         source = StatementPrinter(jax_printer(printed_functions, substitutions)).function(
             FUNCTION_NAME, printed_arguments, assignments, leaves)
-    except DelegateWholeFunction:
-        return _print_with_sympy(equations, assignments, reduced, substitutions,
-                                 printed_arguments, user_functions, printed_functions)
     except sp.printing.codeprinter.PrintMethodNotImplementedError as error:
         raise UnsupportedFunctionError(f"eqs: {error}".split("\n")[0]) from error
+    if source is None:
+        return _print_with_sympy(equations, assignments, reduced, substitutions,
+                                 printed_arguments, user_functions, printed_functions)
     names = tuple(str(argument) for argument in printed_arguments)
     return EmittedCode(source, names, user_functions)
 

@@ -40,7 +40,7 @@ def float_is_negative(number: sp.Float) -> bool:
     return sign == 1 and (mantissa != 0 or value == _NEGATIVE_INFINITY)
 
 
-class DelegateWholeFunction(Exception):
+class _DelegateWholeFunction(Exception):
     """A statement holds what only SymPy's own function printer writes alike (a node its
     printer reports as not supported, a `Subs` in a returned value): print it all there."""
 
@@ -112,12 +112,18 @@ class StatementPrinter:
 
     def function(self, name: str, arguments: Sequence[sp.Basic],
                  assignments: Sequence[tuple[sp.Basic, sp.Basic]],
-                 returned: Sequence[sp.Basic]) -> str:
+                 returned: Sequence[sp.Basic]) -> str | None:
         """The source `_EvaluatorPrinter(delegate).doprint(name, arguments, returned,
-        cses=assignments)` writes, for arguments that are plain identifiers (emit's `_a0`, ...).
-        Raises DelegateWholeFunction where that function alone writes it alike."""
+        cses=assignments)` writes, for arguments that are plain identifiers (emit's `_a0`, ...),
+        or None where only that function writes it alike."""
+        try:
+            return self._function(name, arguments, assignments, returned)
+        except _DelegateWholeFunction:
+            return None
+
+    def _function(self, name, arguments, assignments, returned) -> str:
         if any(_holds(value, sp.Subs) for value in returned):
-            raise DelegateWholeFunction("a returned value holds Subs")
+            raise _DelegateWholeFunction("a returned value holds Subs")
         lines = [f"def {name}({', '.join(str(argument) for argument in arguments)}):"]
         for symbol, value in assignments:
             lines.append(f"    {self.expression(symbol)} = {self.expression(value)}")
@@ -145,13 +151,13 @@ class StatementPrinter:
         finally:
             delegate._print_level = 0
         if delegate._not_supported or delegate._number_symbols:
-            raise DelegateWholeFunction("the printer reported a node it does not support")
+            raise _DelegateWholeFunction("the printer reported a node it does not support")
         return "\n".join(printed.splitlines())
 
     def _doprint(self, expr: sp.Basic) -> str:
         printed = self.delegate.doprint(expr)
         if printed.startswith("#"):
-            raise DelegateWholeFunction("the printer reported a node it does not support")
+            raise _DelegateWholeFunction("the printer reported a node it does not support")
         return printed
 
     # -- nodes ----------------------------------------------------------------------------

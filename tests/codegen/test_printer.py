@@ -193,3 +193,9 @@ def test_statements_print_without_the_function_printer_on_a_typical_body():
 def test_float_is_negative_reads_what_sympy_deduces(value):
     number = sp.Float(value)
     assert float_is_negative(number) == bool(number < 0) == bool(number.is_extended_negative)
+
+
+def test_a_returned_subs_leaves_the_whole_function_to_sympy():
+    printer = StatementPrinter(emit.jax_printer({}, {}))
+    assert printer.function("f", [sp.Symbol("_a0")], [],
+                            [sp.Subs(x**2 + y, x, z) + 1]) is None
