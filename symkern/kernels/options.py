@@ -2,13 +2,12 @@
 
 Imports jax, numpy and symkern.errors.
 
-XLA's CPU backend prefers 256-bit vectors, also on CPUs with AVX-512: 512-bit instructions
-lower the clock of many Intel cores. AMD's Zen 4 and later run them at full clock, and there
-`xla_cpu_prefer_vector_width=512` ran symkern's kernels 1.0-1.35x as fast (the 4-16-16-4
-Jacobian 1.14x, the 3-link pendulum on a cart 1.13x; `benchmarks/experiments/
-vector_width.py`, docs/design/vector-width.md). So kernels running on the
-CPU prefer 512-bit vectors where the host is an AMD CPU with AVX-512, unless
-`SYMKERN_CPU_VECTOR_WIDTH` says otherwise (`256`, `512`; empty or `0`: XLA's default).
+Kernels compile with XLA's default CPU vector width (256 bits) unless
+`SYMKERN_CPU_VECTOR_WIDTH` asks for another (`128`, `256`, `512`; empty or `0`: XLA's
+default). 512-bit vectors ran some kernels 1.0-1.35x as fast on AMD CPUs with AVX-512
+(docs/design/vector-width.md), but jaxlib 0.10.2 computes `atan` wrongly at that width
+(errors up to 2.3 in float32 and float64, on some batch sizes), so the width is not chosen
+for the caller (tests/drift/test_vector_width.py watches the error).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -30,28 +28,6 @@ VECTOR_WIDTH_OPTION = "xla_cpu_prefer_vector_width"
 VECTOR_WIDTH_ENV = "SYMKERN_CPU_VECTOR_WIDTH"
 
 
-def _full_clock_avx512(cpuinfo: str) -> bool:
-    """Whether /proc/cpuinfo's text describes an AMD CPU with AVX-512 (full-clock 512-bit)."""
-    vendor = flags = ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id" and not vendor:
-            vendor = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = value
-    return vendor == "AuthenticAMD" and "avx512f" in flags.split()
-
-
-@functools.cache
-def _host_has_full_clock_avx512() -> bool:
-    """`_full_clock_avx512` of this host's /proc/cpuinfo, read once per process (every
-    kernel asks, for each of its top-level jits); False where there is none."""
-    try:
-        return _full_clock_avx512(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        return False
-
-
 def vector_width() -> int | None:
     """The preferred CPU vector width in bits, or None for XLA's default."""
     setting = os.environ.get(VECTOR_WIDTH_ENV, None)
@@ -62,7 +38,7 @@ def vector_width() -> int | None:
             raise BuildError(f"{VECTOR_WIDTH_ENV}: expected 128, 256, 512, or 0 for XLA's "
                              f"default, got {setting!r}")
         return int(setting)
-    return 512 if _host_has_full_clock_avx512() else None
+    return None
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 """The XLA compiler options kernels compile with (symkern.kernels.options): which CPUs get
-512-bit vectors, the environment override, and that the values do not depend on it."""
+512-bit vectors (none unless asked), the environment override, and that the values do not
+depend on it."""
 
 from __future__ import annotations
 
@@ -10,15 +11,12 @@ import sympy as sp
 import symkern as sk
 from symkern.kernels import options
 
-AMD = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512dq\n"
-AMD_NO_512 = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2\n"
-INTEL = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 avx512f\n"
 
-
-@pytest.mark.parametrize(("cpuinfo", "full_clock"), [(AMD, True), (AMD_NO_512, False),
-                                                      (INTEL, False), ("", False)])
-def test_full_clock_avx512_reads_vendor_and_flags(cpuinfo, full_clock):
-    assert options._full_clock_avx512(cpuinfo) is full_clock
+def test_unset_the_width_is_xlas_default(monkeypatch):
+    """512-bit vectors miscompute atan (tests/drift/test_vector_width.py): never the default."""
+    monkeypatch.delenv(options.VECTOR_WIDTH_ENV, raising=False)
+    assert options.vector_width() is None
+    assert options.cpu_compiler_options() is None
 
 
 @pytest.mark.parametrize(("setting", "width"), [("256", 256), ("512", 512), ("0", None),
@@ -43,3 +41,18 @@ def test_kernel_values_do_not_depend_on_the_vector_width(monkeypatch, width):
     X, Wv = rng.normal(size=(4099, 3)), rng.normal(size=(3, 3))
     d = 1 - np.tanh(X @ Wv.T) ** 2
     np.testing.assert_allclose(k(X, {"W": Wv}), d[:, :, None] * Wv[None], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_atan_is_exact_at_the_default_width(monkeypatch, dtype):
+    """`atan` over a batch wider than a 512-bit vector agrees with NumPy sample by sample."""
+    import jax
+
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        pytest.skip("float64 needs jax_enable_x64")
+    monkeypatch.delenv(options.VECTOR_WIDTH_ENV, raising=False)
+    x = sp.Symbol("x")
+    k = sk.build_function(sp.atan(x) + sp.atan(3 * x), [x], dtype=dtype)
+    X = np.random.default_rng(0).uniform(-3, 3, (64, 1)).astype(dtype)
+    rtol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(k(X), (np.arctan(X) + np.arctan(3 * X))[:, 0], rtol=rtol, atol=rtol)
