@@ -23,10 +23,11 @@ from sympy.utilities.lambdify import _EvaluatorPrinter
 
 from symkern.codegen.callee import SUPPORTED_SYMPY_FUNCTIONS, unsupported_message
 from symkern.codegen.linearize import linearize
-from symkern.codegen.printer import StatementPrinter, walk
+from symkern.codegen.printer import StatementPrinter
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.errors import BuildError, UnsupportedFunctionError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet, is_bound_entry
+from symkern.symbolic.nodes import walk
 from symkern.symbolic.structured import NetworkFunction
 
 #: the name SymPy's lambdify gives the functions it prints; kept so drift tests compare like

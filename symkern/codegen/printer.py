@@ -11,7 +11,7 @@ most `linearize`'s max_depth deep outside the subtrees handed on, so the recursi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import sympy as sp
 from mpmath.libmp import fninf as _NEGATIVE_INFINITY
@@ -22,6 +22,7 @@ from sympy.printing.precedence import PRECEDENCE, PRECEDENCE_FUNCTIONS, PRECEDEN
 from sympy.printing.pycode import _print_known_func
 
 from symkern.codegen.callee import CALLEE_TABLE
+from symkern.symbolic.nodes import holds
 
 _ADD = PRECEDENCE["Add"]
 _MUL = PRECEDENCE["Mul"]
@@ -122,7 +123,7 @@ class StatementPrinter:
             return None
 
     def _function(self, name, arguments, assignments, returned) -> str:
-        if any(_holds(value, sp.Subs) for value in returned):
+        if any(holds([value], sp.Subs) for value in returned):
             raise _DelegateWholeFunction("a returned value holds Subs")
         lines = [f"def {name}({', '.join(str(argument) for argument in arguments)}):"]
         for symbol, value in assignments:
@@ -251,7 +252,7 @@ class StatementPrinter:
         return printed
 
     def _delegated(self, node: sp.Basic) -> str:
-        if _holds(node, sp.re):
+        if holds([node], sp.re):
             raise _DelegateStatement
         return self.delegate.print_node(node)
 
@@ -356,22 +357,3 @@ def _delegate_statement(node: sp.Basic) -> str:
     raise _DelegateStatement
 
 
-def _holds(root: sp.Basic, cls: type) -> bool:
-    """Whether a node under `root` is a `cls`, without recursion."""
-    return any(isinstance(node, cls) for node in walk([root]))
-
-
-def walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
-    """Every node under `roots`, each object once, without recursion.
-
-    Objects are told apart by identity: SymPy's own `==` and `hash` recurse on depth.
-    """
-    seen: set[int] = set()
-    stack = list(reversed(roots))
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        yield node
-        stack.extend(reversed(node.args))

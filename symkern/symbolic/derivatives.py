@@ -17,6 +17,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 from symkern.errors import BuildError
 from symkern.symbolic.autodiff import gradient_entries, hessian_rows, jacobian_rows
 from symkern.symbolic.networks import SymbolicNetwork
+from symkern.symbolic.nodes import holds
 
 Shape = tuple[int, ...]
 
@@ -130,7 +131,8 @@ def _over_the_reals(derivative: Any) -> Any:
     @functools.wraps(derivative)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         eqs, wrt = signature.bind(*args, **kwargs).arguments.values()
-        if not isinstance(eqs, (sp.Basic, sp.MatrixBase)) or not eqs.has(*_COMPLEX_AWARE):
+        if not isinstance(eqs, (sp.Basic, sp.MatrixBase)) or not holds(
+                list(eqs) if isinstance(eqs, sp.MatrixBase) else [eqs], _COMPLEX_AWARE):
             return derivative(eqs, wrt)
         real = {s: sp.Dummy(s.name, real=True) for s in eqs.free_symbols
                 if isinstance(s, sp.Symbol) and not s.is_real}

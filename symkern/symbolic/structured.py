@@ -32,6 +32,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symkern.errors import BuildError
 from symkern.symbolic.networks import Chain, Dense
+from symkern.symbolic.nodes import walk
 
 #: a layer with more weights than this makes `SymbolicNetwork` pick the structured form.
 #: Scalarized networks tie hand-written JAX at width 16 and fall to 0.54× at 32 (ANCHORS.md);
@@ -969,21 +970,9 @@ class NetworkProgram:
 # ---- planning an equation tree -------------------------------------------------------------
 
 
-def _walk(roots: Sequence[sp.Basic]) -> Iterator[sp.Basic]:
-    seen: set[sp.Basic] = set()
-    stack = list(roots)
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        yield node
-        stack.extend(node.args)
-
-
 def network_nodes(exprs: Sequence[sp.Basic]) -> list[NetworkFunction]:
     """Every `NetworkFunction` node under `exprs`, each once, in a deterministic order."""
-    found = {node for node in _walk(list(exprs)) if isinstance(node, NetworkFunction)}
+    found = {node for node in walk(list(exprs)) if isinstance(node, NetworkFunction)}
     return sorted(found, key=sp.default_sort_key)
 
 
