@@ -20,6 +20,7 @@ node only; a Piecewise differentiates branch by branch, as SymPy does, in forwar
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterable, Sequence
 
@@ -62,10 +63,11 @@ def _rule(node: sp.Basic) -> int:
     return SYMPY
 
 
+@functools.cache
 def _writes_own_derivative(cls: type) -> bool:
     """Whether a Function class replaces SymPy's chain rule through `fdiff` with a
     derivative of its own (SymPy's `_eval_derivative` hook, read statically: it is not
-    public API)."""
+    public API). Cached per class: `getattr_static` walks the metaclass's MRO, 1 ms a call."""
     hook = "_eval_derivative"
     return inspect.getattr_static(cls, hook) is not inspect.getattr_static(sp.Function, hook)
 
@@ -86,7 +88,8 @@ class _PartialFormulas:
     `1 - tanh(u)**2`), and SymPy's `eval` of a large argument is the larger part of a
     network's Jacobian (tanh's looks for an imaginary coefficient in the whole sum). A
     formula that SymPy writes with a Derivative or a Subs (an undefined function's) is taken
-    from the node itself, as are functions that evaluate to something else on Dummies.
+    from the node itself, as are functions that evaluate to something else on Dummies or
+    reorder them.
     """
 
     def __init__(self) -> None:
@@ -114,7 +117,10 @@ class _PartialFormulas:
         if key not in self._formulas:
             stand_ins = [arg if arg.is_Number else sp.Dummy() for arg in node.args]
             at = node.func(*stand_ins)
-            self._formulas[key] = (at, stand_ins, {}) if type(at) is type(node) else None
+            # a function that reorders its arguments (Max, Min sort them by name, and Dummy
+            # names sort as text) would read argument i's formula for another argument
+            self._formulas[key] = (at, stand_ins, {}) if type(at) is type(node) \
+                and at.args == tuple(stand_ins) else None
         return self._formulas[key]
 
 
