@@ -42,6 +42,7 @@ from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
 from symkern.kernels.split import ExecutableStore, SplitProgram
 from symkern.kernels.stage import LazyKernelFunction, compile_kernel
+from symkern.symbolic.allocation import paused_collection
 from symkern.symbolic.arguments import (
     check_unique_symbols,
     data_argument,
@@ -153,6 +154,7 @@ def build_options(options: BuildOptions | None, **given: Any) -> BuildOptions:
 UNSET: Any = object()
 
 
+@paused_collection()
 def build_function(
     eqs: Any,
     *data_args: Any,

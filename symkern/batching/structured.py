@@ -23,6 +23,7 @@ from symkern.codegen.structured import StructuredCode, StructuredLayout, generat
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, warn_if_large
 from symkern.kernels.stage import compile_kernel
+from symkern.symbolic.allocation import paused_collection
 from symkern.symbolic.arguments import (
     ArgumentSpec,
     EquationSet,
@@ -112,6 +113,7 @@ def _network_parameter_specs(snn: StructuredNetwork, extra: Any) -> tuple[list[A
     return specs, treedef
 
 
+@paused_collection()
 def build_structured_function(
     eqs: Any,
     snn: StructuredNetwork,

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from symkern.symbolic.autodiff import (
     Differentiator,
+    SortKeys,
     gradient_entries,
     hessian_rows,
     jacobian_rows,
@@ -304,6 +305,20 @@ def test_product_is_sympys_mul(a, b) -> None:
 def test_total_is_sympys_add(terms) -> None:
     assert total(terms) == sp.Add(*terms)
     assert sp.srepr(total(terms)) == sp.srepr(sp.Add(*terms))
+
+
+@SETTINGS
+@given(st.lists(st.one_of(TERMS, st.sampled_from([sp.Float(0.5), sp.Float(-2.0), sp.Integer(3),
+                                                  sp.Dummy("d"), sp.Symbol("x", positive=True),
+                                                  sp.Max(x, y), sp.Piecewise((x, y > 0), (z, True))])),
+                min_size=2, max_size=6))
+def test_sort_keys_order_as_basic_compare(nodes) -> None:
+    """`SortKeys` gives each pair the order `Basic.compare` does, shared keys or not."""
+    keys = SortKeys()
+    for a in nodes:
+        for b in nodes:
+            expected = a.compare(b)
+            assert ((keys(a) > keys(b)) - (keys(a) < keys(b))) == expected, (a, b)
 
 
 # ---- explicit cases -------------------------------------------------------------------
