@@ -38,11 +38,11 @@ from symkern.codegen.passes import (
 )
 from symkern.codegen.pipeline import generate, print_source
 from symkern.codegen.stopwatch import Stopwatch
+from symkern.collector import collection_paused
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, hoist_captured_constants, origin_of, warn_if_large
 from symkern.kernels.split import ExecutableStore, SplitProgram
 from symkern.kernels.stage import LazyKernelFunction, compile_kernel
-from symkern.symbolic.allocation import paused_collection
 from symkern.symbolic.arguments import (
     check_unique_symbols,
     data_argument,
@@ -154,7 +154,7 @@ def build_options(options: BuildOptions | None, **given: Any) -> BuildOptions:
 UNSET: Any = object()
 
 
-@paused_collection()
+@collection_paused()
 def build_function(
     eqs: Any,
     *data_args: Any,

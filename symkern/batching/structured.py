@@ -20,10 +20,10 @@ from symkern.batching.program import KernelSignature, StructuredProgram
 from symkern.codegen.passes import FUSED, BuildOptions
 from symkern.codegen.rules import HoistedLiteral
 from symkern.codegen.structured import StructuredCode, StructuredLayout, generate_structured
+from symkern.collector import collection_paused
 from symkern.errors import BuildError
 from symkern.kernels.constants import ConstArg, warn_if_large
 from symkern.kernels.stage import compile_kernel
-from symkern.symbolic.allocation import paused_collection
 from symkern.symbolic.arguments import (
     ArgumentSpec,
     EquationSet,
@@ -113,7 +113,7 @@ def _network_parameter_specs(snn: StructuredNetwork, extra: Any) -> tuple[list[A
     return specs, treedef
 
 
-@paused_collection()
+@collection_paused()
 def build_structured_function(
     eqs: Any,
     snn: StructuredNetwork,

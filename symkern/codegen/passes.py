@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from symkern.codegen import trig
-from symkern.codegen.collection import collection_paused
 from symkern.codegen.contract import contract_linear_forms, tile
 from symkern.codegen.factors import scalar_factors_first
 from symkern.codegen.interpret import TILE as INTERPRET_TILE
@@ -38,6 +37,7 @@ from symkern.codegen.pipeline import GeneratedCode, print_source
 from symkern.codegen.stopwatch import Stopwatch
 from symkern.codegen.vectorize import parameter_shapes
 from symkern.codegen.vectorize import vectorize as vectorize_body
+from symkern.collector import collection_paused
 from symkern.errors import BuildError
 
 logger = logging.getLogger("symkern")

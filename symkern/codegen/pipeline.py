@@ -13,9 +13,9 @@ import astor
 import numpy as np
 
 from symkern.codegen import rules
-from symkern.codegen.collection import collection_paused
 from symkern.codegen.emit import EmittedCode, emit
 from symkern.codegen.stopwatch import Stopwatch
+from symkern.collector import collection_paused
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet, matrices_of_conditions
 
 
@@ -134,7 +134,7 @@ def generate(
     share_pairs: bool = True,
 ) -> GeneratedCode:
     """Emit the per-sample code for `equations`, then apply every rule in order (the
-    garbage collector paused: symkern.codegen.collection)."""
+    garbage collector paused: symkern.collector)."""
     stopwatch = stopwatch or Stopwatch(progress=False)
     with collection_paused(), matrices_of_conditions():
         emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch,

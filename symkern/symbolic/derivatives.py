@@ -14,8 +14,8 @@ import jax
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symkern.collector import collection_paused
 from symkern.errors import BuildError
-from symkern.symbolic.allocation import paused_collection
 from symkern.symbolic.autodiff import gradient_entries, hessian_rows, jacobian_rows
 from symkern.symbolic.networks import SymbolicNetwork
 from symkern.symbolic.nodes import holds
@@ -162,7 +162,7 @@ def _equations(eqs: Any) -> tuple[Shape, list[sp.Expr]]:
     return (), [_scalar(eqs)]
 
 
-@paused_collection()
+@collection_paused()
 @_over_the_reals
 def jacobian(eqs: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     """Derivative of `eqs` w.r.t. a data argument or each leaf of a parameter tree.
@@ -211,7 +211,7 @@ Data argument (a Symbol, a list/tuple of Symbols, or an n×1 Matrix): what SymPy
     return jax.tree_util.tree_unflatten(treedef, derivatives)
 
 
-@paused_collection()
+@collection_paused()
 @_over_the_reals
 def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     """Gradient of a scalar (an Expr or a 1×1 Matrix) w.r.t. data or a parameter tree.
@@ -245,7 +245,7 @@ def gradient(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix | Any:
     return jax.tree_util.tree_unflatten(treedef, gradients)
 
 
-@paused_collection()
+@collection_paused()
 @_over_the_reals
 def hessian(scalar: sp.Expr | sp.MatrixBase, wrt: Any) -> sp.Matrix:
     """Hessian of a scalar w.r.t. data (n×n, laid out as SymPy's `hessian`) or a parameter tree.

@@ -1,13 +1,15 @@
-"""The garbage collector is paused while a build runs and enabled again after it."""
+"""The collector pause (symkern.collector) around builds and derivatives: off inside, back as
+it was after the outermost pause, also when the work raises or another thread still builds."""
 
 import gc
 import threading
 
+import pytest
 import sympy as sp
 
 import symkern as sk
 from symkern.codegen import pipeline
-from symkern.codegen.collection import collection_paused
+from symkern.collector import collection_paused
 
 
 def test_collection_is_paused_inside_and_enabled_after_the_outermost():
@@ -70,3 +72,27 @@ def test_a_build_runs_with_the_collector_paused_and_leaves_it_enabled(monkeypatc
     x, y = sp.symbols("x y")
     sk.build_function(sp.sin(x) * y, [x, y])
     assert seen == [False] and gc.isenabled()
+
+
+def test_builds_and_derivatives_restore_the_collector_when_they_raise():
+    x = sp.Symbol("x")
+    with pytest.raises(sk.BuildError):
+        sk.build_function(x, [x], dtype="float17")
+    assert gc.isenabled()
+    with pytest.raises(sk.BuildError):
+        sk.symbolic.jacobian(sp.zeros(2, 2), [x])
+    assert gc.isenabled()
+
+
+def test_a_derivative_runs_with_the_collector_paused():
+    seen = []
+
+    class recorded(sp.Function):  # noqa: N801 - a SymPy function's name
+        def fdiff(self, argindex=1):
+            seen.append(gc.isenabled())
+            return sp.cos(self.args[0])
+
+    x = sp.Symbol("x")
+    assert sk.symbolic.jacobian(sp.Matrix([recorded(x)]), [x]) == sp.Matrix([[sp.cos(x)]])
+    assert seen and not any(seen)
+    assert gc.isenabled()
