@@ -19,13 +19,18 @@ process would be timed warm), `--rounds` times, and the best is kept:
 - **SymPy**: `Matrix.jacobian` / `diff` per parameter, in a subprocess killed after
   `--sympy-timeout` seconds.
 
+Every tool's timed region starts after `gc.collect()`: building the network leaves the heap
+owing a full collection, which would otherwise be charged to whichever tool allocates first.
 Every derivative is checked at one random point against `jax.jacfwd` / `jax.grad` of a
-hand-written JAX network. Writes benchmarks/results/derivatives.json.
+hand-written JAX network, evaluated in floats over its DAG (`peers.math_ops`; lambdify's
+namespace walk does not finish on the 8-32-32-8 gradient). Writes
+benchmarks/results/derivatives.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import subprocess
@@ -90,6 +95,10 @@ def measure(tool: str, sizes: tuple[int, ...], derivative: str) -> dict:
     rng = np.random.default_rng(0)
     x, p = rng.uniform(-1, 1, len(inputs)), wl.flat_param_values()
     result: dict = {}
+    # a full collection the heap owes from building the network would otherwise land in
+    # whichever timed region allocates first (measured: 0.075 s over ~145k objects), so
+    # every tool starts from a collected heap, as timeit does
+    gc.collect()
     if tool == "symkern":
         from symkern.symbolic import gradient, jacobian
 
@@ -127,8 +136,10 @@ def measure(tool: str, sizes: tuple[int, ...], derivative: str) -> dict:
         value = np.asarray(f(x, p))
         result["max_error"] = _error(value.reshape(-1), _reference(wl, derivative, x, p))
         return result
-    symbols = inputs + params
-    value = np.asarray(sp.lambdify(symbols, entries, modules="numpy", cse=True)(*x, *p), float)
+    from peers import math_ops, translate
+
+    point = dict(zip(inputs + params, [*map(float, x), *map(float, p)], strict=True))
+    value = np.asarray(translate(entries, point, math_ops(), float), float)
     result["max_error"] = _error(value.reshape(-1), _reference(wl, derivative, x, p))
     return result
 

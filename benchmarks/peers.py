@@ -140,6 +140,24 @@ def casadi_ops() -> dict[type, Callable]:
             **{cls: _unary(fn) for cls, fn in unary.items()}}
 
 
+def math_ops() -> dict[type, Callable]:
+    """SymPy class -> Python `math` function on floats (the same rows as `casadi_ops`): a
+    derivative checked at one point in time linear in its DAG, where lambdify's namespace
+    walk is exponential in the depth of a shared expression."""
+    import math
+
+    unary = {sp.Abs: abs, sp.sign: lambda v: math.copysign(1.0, v) if v else 0.0,
+             sp.ceiling: math.ceil, sp.floor: math.floor, sp.log: math.log, sp.exp: math.exp,
+             sp.cos: math.cos, sp.acos: math.acos, sp.sin: math.sin, sp.asin: math.asin,
+             sp.tan: math.tan, sp.atan: math.atan, sp.cosh: math.cosh, sp.acosh: math.acosh,
+             sp.sinh: math.sinh, sp.asinh: math.asinh, sp.tanh: math.tanh,
+             sp.atanh: math.atanh, sp.erf: math.erf}
+    return {sp.Add: _binary_chain(lambda a, b: a + b), sp.Mul: _binary_chain(lambda a, b: a * b),
+            sp.Pow: _pow(math.sqrt, lambda a, b: a ** b), sp.atan2: lambda y, x, node: math.atan2(y, x),
+            sp.Max: _binary_chain(max), sp.Min: _binary_chain(min),
+            **{cls: _unary(fn) for cls, fn in unary.items()}}
+
+
 # ==== the tools =============================================================================
 # The interface of compare.py's adapters: build(), prepare(X), params(tree), call(data, ps),
 # entries(out, n), single(x, ps), hlo(data, ps); `jax` (a JAX program: HLO and compile

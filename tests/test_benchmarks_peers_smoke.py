@@ -92,3 +92,27 @@ def test_same_dtype_ratios_compare_within_one_dtype() -> None:
     ratios = compare.same_dtype_ratios(report)["w"]
     assert ratios["float32"]["best_peer"] == "pytensor-c-f32" and ratios["float32"]["ratio"] == 2.0
     assert ratios["float64"]["best_peer"] == "numba" and ratios["float64"]["ratio"] == 0.5
+
+
+def test_math_ops_evaluate_a_shared_expression_as_sympy_does() -> None:
+    import peers
+    import sympy as sp
+
+    x, y = sp.symbols("x y")
+    shared = sp.tanh(x * y + 1)
+    exprs = [shared**2 - sp.sqrt(1 + x**2) * shared, sp.atan2(y, x) + sp.Max(x, y) * sp.exp(-y),
+             sp.Abs(x - y) / 3 + sp.sign(y) * sp.cos(shared)]
+    point = {x: 0.3, y: -1.7}
+    got = peers.translate(exprs, point, peers.math_ops(), float)
+    assert np.allclose(got, [float(e.subs(point)) for e in exprs], rtol=1e-14)
+
+
+@pytest.mark.parametrize("tool", ["symkern", "casadi"])
+@pytest.mark.parametrize("derivative", ["input-jacobian", "parameter-gradient"])
+def test_derivatives_benchmark_checks_each_tool(tool: str, derivative: str) -> None:
+    import derivatives
+
+    if tool == "casadi":
+        pytest.importorskip("casadi")
+    result = derivatives.measure(tool, (2, 3, 2), derivative)
+    assert result["derive_s"] > 0 and result["max_error"] < 1e-12
