@@ -187,13 +187,17 @@ def _class_key(cls: type) -> tuple[int, str]:
 
 class SortKeys:
     """A key per node whose tuple order is SymPy's `Basic.compare`, the order `Add` and
-    `Mul` sort their arguments in: (class rank and name, length of `_hashable_content`,
-    each element's key). Memoized per node, so a comparison reads a shared sub-expression's
-    key instead of recursing into it again; `Basic.compare` walked the common part of two
-    terms for every comparison (40 % of a network Jacobian's time).
+    `Mul` sort their arguments in: (class rank, class name, length of `_hashable_content`,
+    then each element: a Basic's key, anything else as it is). Memoized per node, so a
+    comparison reads a shared sub-expression's key instead of recursing into it again;
+    `Basic.compare` walked the common part of two terms for every comparison (40 % of a
+    network Jacobian's time). The key is flat at each level: Python compares two tuples by
+    finding the first unequal pair and comparing it again, so each level of nesting under
+    the first difference doubles the work.
 
-    Raises TypeError for content it does not order: frozensets, which
-    `Basic.compare` rebuilds as Basic."""
+    Raises TypeError for content it does not order: frozensets, which `Basic.compare`
+    rebuilds as Basic, and a position where two nodes of one class hold a Basic and a
+    plain value (as `Basic.compare` does too)."""
 
     def __init__(self) -> None:
         self._keys: dict[Basic, tuple] = {}
@@ -215,8 +219,8 @@ class SortKeys:
                 stack.extend(pending)
                 continue
             stack.pop()
-            keys[top] = (_class_key(type(top)), len(content),
-                         *[(0, keys[e]) if isinstance(e, Basic) else (1, _plain(e)) for e in content])
+            keys[top] = (*_class_key(type(top)), len(content),
+                         *[keys[e] if isinstance(e, Basic) else _plain(e) for e in content])
         return keys[node]
 
 
@@ -262,7 +266,25 @@ def product(a: sp.Expr, b: sp.Expr, keys: SortKeys | None = None) -> sp.Expr:
     merged.extend(fb[j:])
     if coefficient is not sp.S.One:
         merged.insert(0, coefficient)
-    return sp.Mul(*merged, evaluate=False)
+    return _assembled(sp.Mul, merged)
+
+
+@functools.cache
+def _postprocessed(cls: type) -> bool:
+    """Whether SymPy runs constructor postprocessors for a node with an argument of `cls`
+    (registered in `Basic._constructor_postprocessor_mapping` along its MRO)."""
+    return any(c in Basic._constructor_postprocessor_mapping for c in cls.__mro__)
+
+
+def _assembled(cls: type, args: list[sp.Expr]) -> sp.Expr:
+    """`cls(*args, evaluate=False)` for commutative `args` already in canonical order:
+    the node is made from its arguments directly (`_from_args`), without the constructor's
+    cache lookup, re-sympification and commutativity fold (a third of a network
+    Jacobian's time); through the constructor where an argument's class registers a
+    postprocessor."""
+    if any(_postprocessed(type(arg)) for arg in args):
+        return cls(*args, evaluate=False)
+    return cls._from_args(args, is_commutative=True)
 
 
 def total(terms: list[sp.Expr], keys: SortKeys | None = None) -> sp.Expr:
@@ -284,7 +306,7 @@ def total(terms: list[sp.Expr], keys: SortKeys | None = None) -> sp.Expr:
         ordered = sorted(terms, key=SortKeys() if keys is None else keys)
     except (TypeError, RecursionError):  # content SortKeys does not order, or too deep
         ordered = sorted(terms, key=_args_sortkey)
-    return sp.Add(*ordered, evaluate=False)
+    return _assembled(sp.Add, ordered)
 
 
 def _nonzero(tangents: Tangents) -> Tangents:

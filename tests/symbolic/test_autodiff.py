@@ -293,6 +293,28 @@ x, y, z = sp.symbols("x y z")
 def test_product_is_sympys_mul(a, b) -> None:
     assert product(a, b) == sp.Mul(a, b)
     assert sp.srepr(product(a, b)) == sp.srepr(sp.Mul(a, b))
+    assert product(a, b).is_commutative is sp.Mul(a, b).is_commutative
+
+
+class _Tagged(sp.Symbol):
+    """A symbol whose class registers a constructor postprocessor for Mul and Add."""
+
+
+def test_a_registered_postprocessor_runs_on_product_and_total(monkeypatch) -> None:
+    seen = []
+
+    def record(node):
+        seen.append(type(node).__name__)
+        return node
+
+    monkeypatch.setitem(sp.Basic._constructor_postprocessor_mapping, _Tagged,
+                        {"Mul": [record], "Add": [record]})
+    t = _Tagged("t")
+    a, b, c = 2 * t, sp.sin(y), sp.cos(x)
+    seen.clear()
+    assert product(a, b) == sp.Mul(a, b) and seen == ["Mul", "Mul"]
+    seen.clear()
+    assert total([t, c]) == sp.Add(t, c) and seen == ["Add", "Add"]
 
 
 @SETTINGS
