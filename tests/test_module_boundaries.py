@@ -20,6 +20,12 @@ UPSTREAM = {
     "_replace": "namedtuple._replace, documented in collections",
     "_default_settings": "sympy's Printer._default_settings, the settings a printer takes "
                          "(the drift check of emit's printer settings reads them)",
+    "_from_args": "sympy's AssocOp._from_args, the constructor SymPy documents for "
+                  "arguments already in canonical order (tests/symbolic/test_autodiff.py "
+                  "compares its nodes with Mul's and Add's by srepr)",
+    "_constructor_postprocessor_mapping": "sympy's Basic._constructor_postprocessor_mapping, "
+                                          "where a class registers its postprocessors (SymPy's "
+                                          "experimental extension point, read to honour it)",
 }
 
 

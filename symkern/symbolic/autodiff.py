@@ -276,15 +276,15 @@ def _postprocessed(cls: type) -> bool:
     return any(c in Basic._constructor_postprocessor_mapping for c in cls.__mro__)
 
 
-def _assembled(cls: type, args: list[sp.Expr]) -> sp.Expr:
-    """`cls(*args, evaluate=False)` for commutative `args` already in canonical order:
+def _assembled(kind: type, args: list[sp.Expr]) -> sp.Expr:
+    """`kind(*args, evaluate=False)` for commutative `args` already in canonical order:
     the node is made from its arguments directly (`_from_args`), without the constructor's
     cache lookup, re-sympification and commutativity fold (a third of a network
     Jacobian's time); through the constructor where an argument's class registers a
     postprocessor."""
     if any(_postprocessed(type(arg)) for arg in args):
-        return cls(*args, evaluate=False)
-    return cls._from_args(args, is_commutative=True)
+        return kind(*args, evaluate=False)
+    return kind._from_args(args, is_commutative=True)
 
 
 def total(terms: list[sp.Expr], keys: SortKeys | None = None) -> sp.Expr:
