@@ -17,6 +17,7 @@ from symkern.errors import (
 )
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import LoadedKernel, load
+from symkern.kernels.threads import set_cpu_threads
 from symkern.symbolic import (
     ACTIVATIONS,
     Chain,
@@ -64,4 +65,5 @@ __all__ = [
     "disable_cache",
     "enable_cache",
     "load",
+    "set_cpu_threads",
 ]

@@ -216,6 +216,16 @@ def test_builderror_vector_width(monkeypatch):
            lambda: sk.build_function(x0 + 1, x0))
 
 
+def test_builderror_cpu_threads():
+    _check("builderror-cpu-threads", sk.BuildError,
+           r"set_cpu_threads: n: expected an int from 1 to \d+ \(the cores this process may run "
+           r"on\), got 0", lambda: sk.set_cpu_threads(0))
+    jax.devices("cpu")
+    _check("builderror-cpu-threads", sk.BuildError,
+           "set_cpu_threads: JAX's backend has already started, and its CPU thread pool was "
+           "sized then", lambda: sk.set_cpu_threads(1))
+
+
 def test_builderror_build_options():
     _check("builderror-build-options", sk.BuildError,
            "options: expected a symkern.BuildOptions, got dict",
