@@ -114,7 +114,7 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
     >>> k = build_array_function(W * x, x, params={"W": W}, options=BuildOptions())
     >>> print(k.source)
     def kernel(x1, ps):
-        return (ps['W'] @ x1[..., :, None])[..., 0],
+        return x1 @ jnp.swapaxes(ps['W'], -1, -2),
     <BLANKLINE>
     """
     if functions:

@@ -139,8 +139,7 @@ def build_structured_function(
     >>> print(k.source)
     def kernel(x1, ps):
         h1 = jnp.tanh(x1 @ ps['L1']['W'].T + ps['L1']['b'])
-        z2 = h1 @ ps['L2']['W'].T + ps['L2']['b']
-        return z2,
+        return h1 @ ps['L2']['W'].T + ps['L2']['b'],
     <BLANKLINE>
     """
     if not isinstance(snn, StructuredNetwork):

@@ -585,7 +585,7 @@ def emit(
     >>> x, y = sp.symbols("x y")
     >>> print(emit(equation_set(sp.sin(x) * y), [data_argument([x, y], 1)], cse=False))
     def _lambdifygenerated(_a0):
-        return (sin(_a0[0])*_a0[1],)
+        return (_a0[1]*sin(_a0[0]),)
     <BLANKLINE>
     """
     functions = functions or {}

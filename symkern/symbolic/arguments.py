@@ -206,10 +206,10 @@ def parameter_arguments(params: Any) -> tuple[list[ArgumentSpec], Any]:
     flattens into the same order.
 
     >>> a, b = sp.symbols("a b")
-    >>> specs, _ = parameter_arguments({"L1": {"W": sp.Matrix([[a, b]])}, "c": a + 0})
+    >>> specs, _ = parameter_arguments({"L1": {"W": sp.Matrix([[a, b]])}, "c": a + 1})
     Traceback (most recent call last):
     ...
-    symkern.errors.BuildError: ps["c"]: expected a Symbol, a MatrixSymbol or a Matrix of symbols, got Symbol a
+    symkern.errors.BuildError: ps["c"]: expected a Symbol, a MatrixSymbol or a Matrix of ..., got Add a + 1
     """
     if params is None:
         return [], jax.tree_util.tree_structure(None)
