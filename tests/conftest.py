@@ -9,8 +9,11 @@ from jax import monitoring
 
 jax.config.update("jax_enable_x64", True)
 
+#: "ci" draws the same examples in every run (derandomize): a suite that passes once passes
+#: again, and a slow or failing draw is found by `SYMKERN_SLOW=1`, not by chance in CI
 settings.register_profile(
-    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci", max_examples=25, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile(
     "slow", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -52,7 +52,14 @@ def _dirac(x, k=0):
     return mpmath.mpf(0) if x != 0 else mpmath.nan
 
 
-MODULES = [{"DiracDelta": _dirac}, "mpmath"]
+def _heaviside(x, h=None):
+    """Heaviside away from 0 (a random real point lies off it). Given to lambdify by name so
+    that its printer does not rewrite Heaviside as a Piecewise, whose condition SymPy turns
+    into a set by solving it: on some drawn derivatives that did not finish."""
+    return mpmath.mpf(1) if x > 0 else mpmath.mpf(0) if x < 0 else mpmath.nan
+
+
+MODULES = [{"DiracDelta": _dirac, "Heaviside": _heaviside}, "mpmath"]
 
 # ---- random expression DAGs -----------------------------------------------------------
 
