@@ -125,19 +125,30 @@ def pytensor_ops() -> dict[type, Callable]:
             **{cls: _unary(fn) for cls, fn in unary.items()}}
 
 
+#: the scalar rows of `pytensor_ops`, by the C math library's names, which CasADi's and
+#: Python's `math` functions share
+C_UNARY = {sp.Abs: "fabs", sp.ceiling: "ceil", sp.floor: "floor", sp.log: "log", sp.exp: "exp",
+           sp.cos: "cos", sp.acos: "acos", sp.sin: "sin", sp.asin: "asin", sp.tan: "tan",
+           sp.atan: "atan", sp.cosh: "cosh", sp.acosh: "acosh", sp.sinh: "sinh",
+           sp.asinh: "asinh", sp.tanh: "tanh", sp.atanh: "atanh", sp.erf: "erf"}
+
+
+def _c_library_ops(library: Any, sign: Callable, maximum: Callable,
+                   minimum: Callable) -> dict[type, Callable]:
+    """SymPy class -> function of a library with the C math library's names (`C_UNARY`),
+    and the operators for sums, products and powers."""
+    return {sp.Add: _binary_chain(lambda a, b: a + b), sp.Mul: _binary_chain(lambda a, b: a * b),
+            sp.Pow: _pow(library.sqrt, lambda a, b: a ** b),
+            sp.atan2: lambda y, x, node: library.atan2(y, x),
+            sp.Max: _binary_chain(maximum), sp.Min: _binary_chain(minimum), sp.sign: _unary(sign),
+            **{cls: _unary(getattr(library, name)) for cls, name in C_UNARY.items()}}
+
+
 def casadi_ops() -> dict[type, Callable]:
     """SymPy class -> CasADi SX operation (the same rows as `pytensor_ops`)."""
     import casadi as ca
 
-    unary = {sp.Abs: ca.fabs, sp.sign: ca.sign, sp.ceiling: ca.ceil, sp.floor: ca.floor,
-             sp.log: ca.log, sp.exp: ca.exp, sp.cos: ca.cos, sp.acos: ca.acos, sp.sin: ca.sin,
-             sp.asin: ca.asin, sp.tan: ca.tan, sp.atan: ca.atan, sp.cosh: ca.cosh,
-             sp.acosh: ca.acosh, sp.sinh: ca.sinh, sp.asinh: ca.asinh, sp.tanh: ca.tanh,
-             sp.atanh: ca.atanh, sp.erf: ca.erf}
-    return {sp.Add: _binary_chain(lambda a, b: a + b), sp.Mul: _binary_chain(lambda a, b: a * b),
-            sp.Pow: _pow(ca.sqrt, lambda a, b: a ** b), sp.atan2: lambda y, x, node: ca.atan2(y, x),
-            sp.Max: _binary_chain(ca.fmax), sp.Min: _binary_chain(ca.fmin),
-            **{cls: _unary(fn) for cls, fn in unary.items()}}
+    return _c_library_ops(ca, ca.sign, ca.fmax, ca.fmin)
 
 
 def math_ops() -> dict[type, Callable]:
@@ -146,16 +157,7 @@ def math_ops() -> dict[type, Callable]:
     walk is exponential in the depth of a shared expression."""
     import math
 
-    unary = {sp.Abs: abs, sp.sign: lambda v: math.copysign(1.0, v) if v else 0.0,
-             sp.ceiling: math.ceil, sp.floor: math.floor, sp.log: math.log, sp.exp: math.exp,
-             sp.cos: math.cos, sp.acos: math.acos, sp.sin: math.sin, sp.asin: math.asin,
-             sp.tan: math.tan, sp.atan: math.atan, sp.cosh: math.cosh, sp.acosh: math.acosh,
-             sp.sinh: math.sinh, sp.asinh: math.asinh, sp.tanh: math.tanh,
-             sp.atanh: math.atanh, sp.erf: math.erf}
-    return {sp.Add: _binary_chain(lambda a, b: a + b), sp.Mul: _binary_chain(lambda a, b: a * b),
-            sp.Pow: _pow(math.sqrt, lambda a, b: a ** b), sp.atan2: lambda y, x, node: math.atan2(y, x),
-            sp.Max: _binary_chain(max), sp.Min: _binary_chain(min),
-            **{cls: _unary(fn) for cls, fn in unary.items()}}
+    return _c_library_ops(math, lambda v: math.copysign(1.0, v) if v else 0.0, max, min)
 
 
 # ==== the tools =============================================================================
