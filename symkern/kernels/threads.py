@@ -5,8 +5,8 @@ Imports jax and symkern.errors.
 XLA's CPU backend runs each executable on one thread pool, sized when the backend starts
 from the cores the process may run on (its CPU affinity mask; JAX's answer in jax#1539):
 by default every core of the mask. A fusion over the batch is partitioned across the pool,
-so a kernel on a large batch uses every core (cpu/wall 1.6-1.9 on 2 cores at 10^6 samples,
-1.0 with one core; docs/design/cpu-throughput.md). JAX has no option for the pool's size,
+so a kernel on a large batch uses every core (cpu/wall 1.47-1.73 on 2 cores, 1.0 with one
+core; docs/design/cpu-throughput.md). JAX has no option for the pool's size,
 so `set_cpu_threads(n)` starts the backend with the calling thread's mask narrowed to n of
 its cores and then restores the mask: the pool's threads inherit the narrowed mask and stay
 on those cores, as under `taskset`; the caller's own thread and everything it starts later
@@ -57,8 +57,7 @@ def set_cpu_threads(n: int) -> None:
     if _backend_started():
         raise BuildError("set_cpu_threads: JAX's backend has already started, and its CPU "
                          "thread pool was sized then; call set_cpu_threads before the first "
-                         f"JAX computation (or start the process under `taskset -c 0-{n - 1}`)"
-                         )
+                         f"JAX computation (or start the process under `taskset -c 0-{n - 1}`)")
     whole = set(cores)
     os.sched_setaffinity(0, set(cores[:n]))
     try:

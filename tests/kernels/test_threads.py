@@ -1,6 +1,7 @@
 """set_cpu_threads: XLA's CPU pool started on n cores of the affinity mask, the caller's mask
-restored, and its arguments and timing checked. The pool is sized once per process, so the
-effect is checked in fresh interpreters, by the cores each thread may run on (Linux)."""
+restored, its arguments checked, and refused once JAX's backend runs. The pool is sized once
+per process, so the effect is checked in fresh interpreters, by the cores each thread may run
+on (Linux)."""
 
 from __future__ import annotations
 
