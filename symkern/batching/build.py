@@ -21,6 +21,7 @@ from symkern.batching.packing import packs
 from symkern.batching.program import (
     KernelSignature,
     ScalarProgram,
+    batched_entries,
     complex_kernel_dtype,
     entry_dtypes,
 )
@@ -82,9 +83,10 @@ def resolve_dtype(dtype: Any, imaginary: bool = False) -> np.dtype:
 
 
 def _split_program(generated, functions, data, kernel_dtype, dtypes, const_count,
-                   cache_key: str | None = None) -> SplitProgram | None:
+                   cache_key: str | None = None, batched: tuple = ()) -> SplitProgram | None:
     """The pieces of a body the `split` pass marked (symkern.kernels.split), else None.
-    `dtypes`: each entry's (`entry_dtypes`), None in a complex kernel."""
+    `dtypes`: each entry's (`entry_dtypes`), None in a complex kernel; `batched`: each
+    entry's `ScalarProgram.entry_batched`."""
     if generated.form != PIECES:
         return None
     cache = active_cache()
@@ -95,16 +97,16 @@ def _split_program(generated, functions, data, kernel_dtype, dtypes, const_count
 
     def finish(entries: tuple, arguments: tuple) -> tuple:
         # what Kernel._compute does to the entries: each entry's dtype, the batch shape
+        # (none for an unbatched equation's)
         if data:
             first = arguments[const_count]
             batch = tuple(first.shape)[: first.ndim - rank]
         else:
             batch = ()
-        if dtypes is None:  # a complex kernel's: the kind JAX computed each in
-            return tuple(jnp.broadcast_to(jnp.asarray(e, complex_kernel_dtype(
-                jnp.result_type(e), kernel_dtype)), batch) for e in entries)
-        return tuple(jnp.broadcast_to(jnp.asarray(e, dtype), batch)
-                     for e, dtype in zip(entries, dtypes, strict=True))
+        kinds = ([complex_kernel_dtype(jnp.result_type(e), kernel_dtype) for e in entries]
+                 if dtypes is None else dtypes)  # a complex kernel's: the kind JAX computed
+        return tuple(jnp.broadcast_to(jnp.asarray(e, dtype), batch if shaped else ())
+                     for e, dtype, shaped in zip(entries, kinds, batched, strict=True))
 
     return SplitProgram.from_module(generated.module, 10**9, max_operations=PIECE_OPERATIONS,
                                     functions=functions, finish=finish, workers=2, store=store)
@@ -122,7 +124,8 @@ def _generate_cached(equations, arguments, data_count, *, functions, context: Pa
         generated = generate(equations, arguments, data_count, cse=options.cse,
                              functions=functions, embed_max_bytes=options.embed_max_bytes,
                              dtype=context.dtype, stopwatch=context.stopwatch,
-                             share_pairs=options.split)
+                             share_pairs=options.split,
+                             unbatched_constants=options.constant_outputs == "unbatched")
         return run_passes(generated, context, PASSES[:CACHED_PASSES])
 
     cache = active_cache()
@@ -244,7 +247,7 @@ def build_function(
         pieces = _split_program(generated, namespace_functions, data, resolved_dtype,
                                 None if resolved_dtype.kind == "c"
                                 else entry_dtypes(equations, resolved_dtype), len(const_args),
-                                cache_key)
+                                cache_key, batched_entries(equations, generated.unbatched))
         # a split kernel's whole body serves traced calls only: compiled when one comes
         function = (compile_kernel(generated.module, namespace_functions, "<symkern kernel>")
                     if pieces is None else

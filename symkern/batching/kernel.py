@@ -653,7 +653,7 @@ class Kernel:
         # unpadded call of the bucket's size, so the two share one executable
         raw_padded = tuple(padded) + tuple(raw[len(data):]) if raw is not None else None
         result = self._execute((const_values, padded, parameters), (size,), raw_padded)
-        return jax.tree_util.tree_map(
+        return self.program.map_batched(
             lambda leaf: jax.device_put(np.asarray(leaf)[:n].reshape(batch_shape + leaf.shape[1:])),
             result)
 

@@ -53,6 +53,14 @@ def entry_dtypes(equations: EquationSet, dtype: np.dtype) -> tuple[np.dtype, ...
                  for _ in range(math.prod(shape)))
 
 
+def batched_entries(equations: EquationSet, unbatched: Sequence[bool]) -> tuple[bool, ...]:
+    """Per scalar entry of `equations`, whether it is shaped like the batch: all but those
+    of an equation flagged in `unbatched` (GeneratedCode.unbatched; () flags none)."""
+    flags = tuple(unbatched) or (False,) * len(equations.shapes)
+    return tuple(not flag for flag, shape in zip(flags, equations.shapes, strict=True)
+                 for _ in range(math.prod(shape)))
+
+
 def complex_kernel_dtype(computed: np.dtype, dtype: np.dtype) -> np.dtype:
     """What an entry JAX computed in `computed` is returned as by a kernel of complex
     `dtype`: bool stays bool, a complex value takes `dtype`, a real one its real part's."""
@@ -94,6 +102,11 @@ class ScalarProgram:
         self.packer = (ParameterPacker(signature.parameters, signature.parameter_treedef,
                                        signature.dtype)
                        if packs(signature.parameters) else None)
+        #: per equation, whether it comes back without batch axes, shaped like the
+        #: equation alone (`constant_outputs="unbatched"`: it reads no data)
+        self.unbatched = tuple(generated.unbatched) or (False,) * len(equations.shapes)
+        #: per entry, whether `entries` shapes it like the batch
+        self.entry_batched = batched_entries(equations, generated.unbatched)
         self._vmappable: Callable[..., Any] | None = None
         if generated.form == "interpreted":
             # its parameters are scalars of the instruction table (symkern.codegen.interpret):
@@ -163,41 +176,75 @@ class ScalarProgram:
             arguments.append(self.code_parameters(parameter_leaves))
         return arguments
 
-    def entries(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
-        """Every scalar entry of every equation, each shaped like the batch."""
+    def entries(self, const_args: tuple, data: tuple, parameter_leaves: tuple,
+                mapped: int | None = None) -> tuple:
+        """Every scalar entry of every equation, each shaped like the batch, but those of
+        an unbatched equation (`unbatched`), which are one number each, or `(mapped,)`:
+        one per sample of a `jax.vmap` axis of that size folded into the batch, whose
+        parameters they may read (`vmappable`)."""
         arguments = self.arguments(const_args, data, parameter_leaves)
         batch_shape = self.batch_shape(data)
-        return tuple(jnp.broadcast_to(jnp.asarray(entry, dtype), batch_shape)
-                     for entry, dtype in zip(self.function(*arguments), self.entry_dtypes,
-                                             strict=True))
+        entries = []
+        for entry, dtype, batched in zip(self.function(*arguments), self.entry_dtypes,
+                                         self.entry_batched, strict=True):
+            entry = jnp.asarray(entry, dtype)
+            if batched:
+                entries.append(jnp.broadcast_to(entry, batch_shape))
+            elif mapped is None:
+                entries.append(jnp.broadcast_to(entry, ()))
+            else:  # a folded parameter reads as (mapped, 1, ...): see `vmappable`
+                entries.append(jnp.broadcast_to(
+                    entry, (mapped,) + (1,) * (len(batch_shape) - 1)).reshape((mapped,)))
+        return tuple(entries)
 
-    def assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
-        """Entries → the equations' structure, each array leaf shaped `batch + its shape`.
+    def assemble(self, entries: tuple, transpose_up_to: int = 0,
+                 mapped: int | None = None) -> Any:
+        """Entries → the equations' structure, each array leaf shaped `batch + its shape`
+        (an unbatched one `its shape`, or `(mapped,) + its shape`: `entries`').
 
         A leaf of at most `transpose_up_to` entries is stacked along a new leading axis,
         which is then moved last; the others are stacked along the last axis.
         """
-        batch_shape = tuple(np.shape(entries[0]))
+        batched = [entry for entry, flag in zip(entries, self.entry_batched, strict=True)
+                   if flag]
+        batch_shape = tuple(np.shape(batched[0])) if batched else ()
         leaves, start = [], 0
-        for shape in self.equations.shapes:
+        for shape, unbatched in zip(self.equations.shapes, self.unbatched, strict=True):
             count = int(np.prod(shape, dtype=int))
             chunk = entries[start:start + count]
             start += count
             if not shape:
                 leaves.append(chunk[0])
-                continue
-            stacked = (jnp.moveaxis(jnp.stack(chunk), 0, -1) if count <= transpose_up_to
-                       else jnp.stack(chunk, axis=-1))
-            leaves.append(stacked.reshape(batch_shape + tuple(shape)))
+            elif unbatched:
+                lead = () if mapped is None else (mapped,)
+                leaves.append(jnp.stack(chunk, axis=-1).reshape(lead + tuple(shape)))
+            else:
+                stacked = (jnp.moveaxis(jnp.stack(chunk), 0, -1) if count <= transpose_up_to
+                           else jnp.stack(chunk, axis=-1))
+                leaves.append(stacked.reshape(batch_shape + tuple(shape)))
         return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
 
     def entry_shapes(self, batch_shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         """The shape of each of `entries`' arrays for a batch of `batch_shape`."""
-        return (tuple(batch_shape),) * self.entry_count
+        return tuple(tuple(batch_shape) if batched else () for batched in self.entry_batched)
 
-    def evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
-        """The equations' values: `assemble(entries(...))`."""
-        return self.assemble(self.entries(const_args, data, parameter_leaves))
+    def batched_leaves(self, result: Any) -> list[tuple[Any, bool]]:
+        """A result's array leaves, each with whether it leads with the batch axes."""
+        return list(zip(self.equations.treedef.flatten_up_to(result),
+                        (not flag for flag in self.unbatched), strict=True))
+
+    def map_batched(self, function: Callable[[Any], Any], result: Any) -> Any:
+        """`function` applied to each leaf of `result` that leads with the batch axes; an
+        unbatched one (`unbatched`) as it is."""
+        return jax.tree_util.tree_unflatten(
+            self.equations.treedef,
+            [function(leaf) if batched else leaf for leaf, batched in self.batched_leaves(result)])
+
+    def evaluate(self, const_args: tuple, data: tuple, parameter_leaves: tuple,
+                 mapped: int | None = None) -> Any:
+        """The equations' values: `assemble(entries(...))` (`mapped`: `entries`')."""
+        return self.assemble(self.entries(const_args, data, parameter_leaves, mapped),
+                             mapped=mapped)
 
     #: whether a parameter leaf of shape () mapped by `jax.vmap` can be folded into the
     #: batch (the generated code reads it only in elementwise arithmetic)
@@ -262,8 +309,12 @@ def _foldable(program: ScalarProgram) -> Callable[..., Any]:
             parameter_leaves = tuple(
                 jnp.reshape(leaf, (axis_size,) + (1,) * (len(batch) - 1)) if mapped else leaf
                 for leaf, mapped in zip(parameter_leaves, leaves_batched, strict=True))
+        if any(mapped_leaves) and not all(program.entry_batched):
+            # an unbatched equation may read a mapped parameter: one value per mapped sample
+            out = evaluate(const_args, data, parameter_leaves, mapped=axis_size)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
         out = evaluate(const_args, data, parameter_leaves)
-        return out, jax.tree_util.tree_map(lambda _: True, out)
+        return out, program.map_batched(lambda _: True, jax.tree_util.tree_map(lambda _: False, out))
 
     @jax.custom_jvp
     def vmappable(const_args: tuple, data: tuple, parameter_leaves: tuple) -> Any:
@@ -341,8 +392,9 @@ class StructuredProgram(ScalarProgram):
                 largest = max([largest, *(math.prod(var.aval.shape) for var in eqn.outvars)])
         return largest
 
-    def entries(self, const_args: tuple, data: tuple, parameter_leaves: tuple) -> tuple:
-        batch_shape = self.batch_shape(data)
+    def entries(self, const_args: tuple, data: tuple, parameter_leaves: tuple,
+                mapped: int | None = None) -> tuple:
+        batch_shape = self.batch_shape(data)  # every piece is batched: `mapped` changes nothing
         chunk = self.tile_chunk
         if (chunk is None or not all(isinstance(n, int) for n in batch_shape)
                 or math.prod(batch_shape) <= chunk):
@@ -373,7 +425,8 @@ class StructuredProgram(ScalarProgram):
                 shaped.append(jnp.broadcast_to(jnp.asarray(piece, self.dtype), shape))
         return tuple(shaped)
 
-    def assemble(self, entries: tuple, transpose_up_to: int = 0) -> Any:
+    def assemble(self, entries: tuple, transpose_up_to: int = 0,
+                 mapped: int | None = None) -> Any:
         leaves = []
         for leaf in self.layout.leaves:
             chunk = entries[leaf.start:leaf.start + leaf.count]

@@ -63,15 +63,19 @@ class ShardedKernel:
         # data (a broadcast constant). The kernel's own assembly (kernel.assembly): one
         # executable, or the entries and then their assembly, so that a sharded sample
         # gets the kernel's value.
+        # An unbatched equation (constant_outputs="unbatched") is replicated.
         program = kernel.program
+        self.program = program
         arguments = (self.replicated, self.batch_sharding, self.replicated)
-        self._evaluate = jax.jit(program.evaluate, in_shardings=arguments,
-                                 out_shardings=self.batch_sharding)
-        self._compute = jax.jit(program.entries, in_shardings=arguments,
-                                out_shardings=self.batch_sharding)
+        leaves = jax.tree_util.tree_unflatten(
+            program.equations.treedef,
+            [self.replicated if flag else self.batch_sharding for flag in program.unbatched])
+        entries = tuple(self.batch_sharding if batched else self.replicated
+                        for batched in program.entry_batched)
+        self._evaluate = jax.jit(program.evaluate, in_shardings=arguments, out_shardings=leaves)
+        self._compute = jax.jit(program.entries, in_shardings=arguments, out_shardings=entries)
         self._assemble = jax.jit(partial(program.assemble, transpose_up_to=TRANSPOSED_ASSEMBLY_UP_TO),
-                                 in_shardings=self.batch_sharding,
-                                 out_shardings=self.batch_sharding)
+                                 in_shardings=(entries,), out_shardings=leaves)
 
     @property
     def device_count(self) -> int:
@@ -140,9 +144,9 @@ class ShardedKernel:
         else:
             result = self._assemble(self._compute(*placed))
         if one_sample:
-            return jax.tree_util.tree_map(lambda leaf: leaf[0], result)
+            return self.program.map_batched(lambda leaf: leaf[0], result)
         if padding:
-            return jax.tree_util.tree_map(lambda leaf: leaf[:size], result)
+            return self.program.map_batched(lambda leaf: leaf[:size], result)
         return result
 
     def local(self, result: Any) -> Any:
@@ -158,7 +162,10 @@ class ShardedKernel:
                 shards.setdefault(start, piece.data)
             return np.concatenate([np.asarray(shards[k]) for k in sorted(shards)], axis=0)
 
-        return jax.tree_util.tree_map(part, result)
+        return jax.tree_util.tree_unflatten(
+            self.program.equations.treedef,
+            [part(leaf) if batched else np.asarray(leaf.addressable_shards[0].data)
+             for leaf, batched in self.program.batched_leaves(result)])
 
 
 def _pad_leading(array: Any, padding: int) -> Any:

@@ -175,8 +175,10 @@ def _blocks(source: Any, specs: list[Any], chunk: int,
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------
-def _results(call: Any, blocks: Iterator[Block], bar: Any) -> Iterator[tuple[int, int, Any]]:
-    """(start row, rows, result as numpy) per block, with the next block's transfer overlapping.
+def _results(call: Any, blocks: Iterator[Block], bar: Any,
+             program: Any) -> Iterator[tuple[int, int, Any]]:
+    """(start row, rows, result as numpy) per block, with the next block's transfer overlapping;
+    an unbatched equation's value (`program.unbatched`) as it is in every block.
 
     JAX dispatch is asynchronous: the call on block k returns at once, block k+1 is read from
     the source and its host-to-device copy issued, and only then do we wait for block k.
@@ -190,7 +192,8 @@ def _results(call: Any, blocks: Iterator[Block], bar: Any) -> Iterator[tuple[int
         device_block, rows = pending
         result = call(device_block)                    # dispatched, not finished
         pending = place(next(blocks, None))            # read and send block k+1 meanwhile
-        host = jax.tree_util.tree_map(lambda leaf, n=rows: np.asarray(leaf)[:n], result)  # waits
+        host = program.map_batched(lambda leaf, n=rows: np.asarray(leaf)[:n],  # waits
+                                   jax.tree_util.tree_map(np.asarray, result))
         bar.update(rows)
         yield start, rows, host
         start += rows
@@ -203,12 +206,18 @@ def _check_out(out: Any, kernel: Kernel, total: int | None) -> list[Any]:
     except (ValueError, TypeError) as error:
         raise ArgumentError(f"out: expected arrays in the equations' structure {equations.treedef}, "
                             f"got {jax.tree_util.tree_structure(out)}") from error
-    for index, (leaf, shape) in enumerate(zip(leaves, equations.shapes, strict=True)):
+    for index, (leaf, shape, unbatched) in enumerate(zip(leaves, equations.shapes,
+                                                         kernel.program.unbatched, strict=True)):
         label = "out" if len(leaves) == 1 else f"out leaf {index}"
         if not hasattr(leaf, "shape") or not hasattr(leaf, "__setitem__") or isinstance(leaf, jax.Array):
             raise ArgumentError(f"{label}: expected a writable numpy array or memmap, "
                                 f"got {type(leaf).__name__}")
         leaf_shape = tuple(leaf.shape)
+        if unbatched:  # constant_outputs="unbatched": the equation's value, once
+            if leaf_shape != tuple(shape):
+                raise ArgumentError(f"{label}: expected shape {tuple(shape)} for an unbatched "
+                                    f"equation (constant_outputs='unbatched'), got {leaf_shape}")
+            continue
         if len(leaf_shape) < 1 + len(shape) or leaf_shape[len(leaf_shape) - len(shape):] != tuple(shape):
             raise ArgumentError(f"{label}: expected shape (rows, ..., {', '.join(map(str, shape))}) "
                                 f"for an equation of shape {tuple(shape)}, got {leaf_shape}"
@@ -282,14 +291,18 @@ def stream(
         bar = tqdm(total=total, unit="sample", unit_scale=True, desc="symkern",
                    disable=None if progress else True)  # None: shown only on a terminal
         try:
-            yield from _results(call, blocks, bar)
+            yield from _results(call, blocks, bar, base.program)
         finally:
             bar.close()
 
     if out_leaves is None:
         return (result for _, _, result in run())
     for start, rows, result in run():
-        for leaf, value in zip(out_leaves, base.equations.treedef.flatten_up_to(result), strict=True):
+        for leaf, (value, batched) in zip(out_leaves, base.program.batched_leaves(result),
+                                          strict=True):
+            if not batched:
+                leaf[...] = value
+                continue
             if start + rows > leaf.shape[0]:
                 raise ArgumentError(f"out: has {leaf.shape[0]} rows, the source gave more")
             leaf[start:start + rows] = value

@@ -29,7 +29,7 @@ from symkern.errors import CacheWarning, CodegenDriftError
 from symkern.symbolic.arguments import ArgumentSpec, EquationSet
 
 #: bump when the cached layout or any rule's output changes meaning
-CACHE_FORMAT = 6  # 6: entries carry their key and a digest (5: linear forms contracted)
+CACHE_FORMAT = 7  # 7: which equations are unbatched (6: entries carry their key and a digest)
 _lock = threading.Lock()
 
 
@@ -245,8 +245,12 @@ def _read_entry(key: str, folder: Path) -> GeneratedCode:
         if not isinstance(used_by, list) or not all(type(k) is int for k in used_by):
             raise ValueError("meta.json: a literal's used_by is not a list of output indices")
         literals.append(HoistedLiteral(item["name"], value, tuple(used_by)))
+    unbatched = meta.get("unbatched")
+    if not isinstance(unbatched, list) or not all(type(flag) is bool for flag in unbatched):
+        raise ValueError("meta.json: unbatched is not a list of flags")
     upstream = EmittedCode(meta["upstream"], tuple(names), dict(functions))
-    return GeneratedCode(upstream, module, meta["source"], {"cache_load": 0.0}, tuple(literals))
+    return GeneratedCode(upstream, module, meta["source"], {"cache_load": 0.0}, tuple(literals),
+                         unbatched=tuple(unbatched))
 
 
 class CodegenCache:
@@ -289,6 +293,7 @@ class CodegenCache:
             "user_functions": dict(generated.upstream.user_functions),
             "source": generated.source,
             "literals": [{"name": h.name, "used_by": list(h.used_by)} for h in generated.literals],
+            "unbatched": list(generated.unbatched),
         }
         meta["digest"] = entry_digest(key, meta, names, values)
         try:

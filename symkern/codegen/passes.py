@@ -68,6 +68,19 @@ ASSEMBLIES = (FUSED, SEPARATE)
 
 #: sin and cos: "polynomial" where `trig.applies` (float32 on the CPU), "library" never
 TRIG_CHOICES = ("polynomial", "library")
+#: an output that reads no data: "broadcast" to the batch (the default), or returned
+#: "unbatched", shaped like the equation alone (`jnp.broadcast_to` makes the default of it)
+CONSTANT_OUTPUTS = ("broadcast", "unbatched")
+
+
+def refuse_unbatched_outputs(options: BuildOptions, kernel: str) -> None:
+    """A BuildError for `constant_outputs="unbatched"` in a build whose program returns
+    whole arrays (`kernel` names it), where every output is shaped like the batch."""
+    if options.constant_outputs != "broadcast":
+        raise BuildError(f"constant_outputs: {options.constant_outputs!r} applies to scalar "
+                         f"bodies; {kernel} returns every output shaped like the batch "
+                         "(leave the option out, or write the constant outputs as explicit "
+                         "scalar or Matrix equations in their own build_function)")
 #: environment variable giving `BuildOptions.trig`'s default: "0" library, "1" or unset auto
 VECTORIZED_TRIG_ENV = "SYMKERN_VECTORIZED_TRIG"
 
@@ -121,6 +134,9 @@ class BuildOptions:
     - `dtype`: the kernel's floating dtype, by name (None: JAX's default float).
     - `tile_chunk`: a structured kernel's samples per tile (None: decided from its arrays),
       an interpreted one's (None: interpret.TILE).
+    - `constant_outputs`: "broadcast" (every output shaped `batch + its shape`) or
+      "unbatched": an output none of whose entries reads a data argument comes back with its
+      own shape only, as lambdify returns it (CONSTANT_OUTPUTS; docs/guide.md).
     """
 
     cse: bool = True
@@ -134,6 +150,7 @@ class BuildOptions:
     embed_max_bytes: int = 32
     dtype: str | None = None
     tile_chunk: int | None = None
+    constant_outputs: str = "broadcast"
 
     def __post_init__(self) -> None:
         for name in ("cse", "split", "contract", "materialize"):
@@ -152,6 +169,9 @@ class BuildOptions:
                 or self.embed_max_bytes < 0):
             raise BuildError("embed_max_bytes: expected a non-negative int, "
                              f"got {self.embed_max_bytes!r}")
+        if self.constant_outputs not in CONSTANT_OUTPUTS:
+            raise BuildError(f"constant_outputs: expected one of {CONSTANT_OUTPUTS}, "
+                             f"got {self.constant_outputs!r}")
         if self.tile_chunk is not None and (not isinstance(self.tile_chunk, int)
                                             or isinstance(self.tile_chunk, bool)
                                             or self.tile_chunk < 1):

@@ -6,6 +6,7 @@ Imports the rest of symkern.codegen, symkern.symbolic and symkern.errors.
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,9 @@ class GeneratedCode:
     form: str = "scalar"
     assembly: str | None = None
     polynomial_trig: bool = False
+    #: per equation, whether its entries come back without batch axes
+    #: (`constant_outputs="unbatched"`, rules.broadcast_constant_outputs); () for none
+    unbatched: tuple[bool, ...] = ()
 
     def __str__(self) -> str:
         return self.source
@@ -76,10 +80,12 @@ def rule_sequence(
     embed_max_bytes: int = 32,
     dtype: np.dtype = FLOAT32,
     hoisted: list[rules.HoistedLiteral] | None = None,
+    unbatched: list[bool] | None = None,
 ) -> list[tuple[str, Callable[[ast.Module], ast.Module]]]:
     """The rules in their fixed order, each bound to what it needs to know.
 
-    `hoisted` receives the array literals `hoist_array_literals` takes out of the code.
+    `hoisted` receives the array literals `hoist_array_literals` takes out of the code;
+    `unbatched`, where given, the equations `broadcast_constant_outputs` left unbatched.
     """
     hoisted = [] if hoisted is None else hoisted
     facts = _rule_facts(equations, arguments, data_count)
@@ -96,7 +102,7 @@ def rule_sequence(
         ("guard_piecewise_gradients", rules.guard_piecewise_gradients),
         ("stack_outputs", lambda m: rules.stack_outputs(m, printed_shapes)),
         ("broadcast_constant_outputs", lambda m: rules.broadcast_constant_outputs(
-            m, list(data_ranks.values()))),
+            m, list(data_ranks.values()), [math.prod(s) for s in printed_shapes], unbatched)),
         ("hoist_array_literals", lambda m: rules.hoist_array_literals(
             m, embed_max_bytes, dtype, hoisted)),
     ]
@@ -112,12 +118,13 @@ def apply_rules(
     embed_max_bytes: int = 32,
     dtype: np.dtype = FLOAT32,
     hoisted: list[rules.HoistedLiteral] | None = None,
+    unbatched: list[bool] | None = None,
 ) -> ast.Module:
     """`module` through every rule of `rule_sequence`, in one walk (`rules.apply_rules`)."""
     return rules.apply_rules(module, argument_names=emitted.argument_names,
                              data_count=data_count, user_functions=emitted.user_functions,
                              embed_max_bytes=embed_max_bytes, dtype=dtype,
-                             hoisted=[] if hoisted is None else hoisted,
+                             hoisted=[] if hoisted is None else hoisted, unbatched=unbatched,
                              **_rule_facts(equations, arguments, data_count))
 
 
@@ -132,17 +139,21 @@ def generate(
     dtype: np.dtype = FLOAT32,
     stopwatch: Stopwatch | None = None,
     share_pairs: bool = True,
+    unbatched_constants: bool = False,
 ) -> GeneratedCode:
     """Emit the per-sample code for `equations`, then apply every rule in order (the
-    garbage collector paused: symkern.collector)."""
+    garbage collector paused: symkern.collector). `unbatched_constants`: an equation that
+    reads no data keeps its own shape (`constant_outputs="unbatched"`)."""
     stopwatch = stopwatch or Stopwatch(progress=False)
     with collection_paused(), matrices_of_conditions():
         emitted = emit(equations, arguments, cse=cse, functions=functions, stopwatch=stopwatch,
                        share_pairs=share_pairs, complex_values=np.dtype(dtype).kind == "c")
     hoisted: list[rules.HoistedLiteral] = []
+    unbatched: list[bool] | None = [] if unbatched_constants else None
     with collection_paused(), stopwatch.stage("rewrite"):
         module = apply_rules(ast.parse(emitted.source), emitted, equations, arguments,
                              data_count, embed_max_bytes=embed_max_bytes, dtype=dtype,
-                             hoisted=hoisted)  # the rules rewrite their own copy
+                             hoisted=hoisted, unbatched=unbatched)  # the rules rewrite their own copy
         source = print_source(module)
-    return GeneratedCode(emitted, module, source, dict(stopwatch.timings), tuple(hoisted))
+    return GeneratedCode(emitted, module, source, dict(stopwatch.timings), tuple(hoisted),
+                         unbatched=tuple(unbatched or ()))

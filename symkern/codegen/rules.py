@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -541,11 +542,17 @@ def _reads_data(node: ast.AST, data_locals: set[str]) -> bool:
                for n in ast.walk(node))
 
 
-def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) -> ast.Module:
+def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int],
+                               leaf_sizes: Sequence[int] = (),
+                               unbatched: list[bool] | None = None) -> ast.Module:
     """An output that reads no data argument → `jnp.broadcast_to(value, <batch shape>)`.
 
     SymPy prints `x/x` as `1`: without this, a batch would come back as one number. The
     batch shape is read off `x1` (its shape less the per-sample dimensions).
+
+    With `unbatched` (a list, `constant_outputs="unbatched"`), the entries of an equation
+    none of whose `leaf_sizes[k]` entries reads data stay as they are, and `unbatched`
+    receives one flag per equation: whether it was left so.
     """
     rule = "broadcast_constant_outputs"
     function = kernel_function(module, rule)
@@ -559,20 +566,33 @@ def broadcast_constant_outputs(module: ast.Module, data_ranks: Sequence[int]) ->
         if isinstance(statement, ast.Assign) and _reads_data(statement.value, data_locals):
             data_locals.update(n.id for t in statement.targets for n in ast.walk(t)
                                if isinstance(n, ast.Name))
-    _broadcast_entries(returned.value, data_ranks, data_locals)
+    _broadcast_entries(returned.value, data_ranks, data_locals, leaf_sizes, unbatched)
     return module
 
 
-def _broadcast_entries(returned: ast.Tuple, data_ranks: Sequence[int],
-                       data_locals: set[str]) -> None:
+def _broadcast_entries(returned: ast.Tuple, data_ranks: Sequence[int], data_locals: set[str],
+                       leaf_sizes: Sequence[int] = (),
+                       unbatched: list[bool] | None = None) -> None:
     shape: ast.expr = ast.Attribute(_load("x1"), "shape", ast.Load())
     if data_ranks[0]:
         shape = ast.Subscript(shape, ast.Slice(None, ast.Constant(-data_ranks[0]), None),
                               ast.Load())
+    reads = [_reads_data(value, data_locals) for value in returned.elts]
+    kept = [False] * len(reads)
+    if unbatched is not None:
+        if sum(leaf_sizes) != len(reads):
+            raise _drift("broadcast_constant_outputs", f"{sum(leaf_sizes)} output entries",
+                         f"{len(reads)}")
+        start = 0
+        for size in leaf_sizes:
+            leaf = not any(reads[start:start + size])
+            unbatched.append(leaf)
+            kept[start:start + size] = [leaf] * size
+            start += size
     returned.elts = [
-        value if _reads_data(value, data_locals)
+        value if read or keep
         else ast.Call(target_node("jnp.broadcast_to"), [value, copy.deepcopy(shape)], [])
-        for value in returned.elts
+        for value, read, keep in zip(returned.elts, reads, kept, strict=True)
     ]
 
 
@@ -840,11 +860,12 @@ def apply_rules(
     embed_max_bytes: int,
     dtype: np.dtype,
     hoisted: list[HoistedLiteral],
+    unbatched: list[bool] | None = None,
 ) -> ast.Module:
     """Every rule, in the order of `symkern.codegen.pipeline.rule_sequence`, with one walk of
     the tree: the same tree, const args and errors as the rules one after the other, except
     that where a tree drifted in more than one way, the drift reported is the first in the
-    tree rather than the one of the earliest rule.
+    tree rather than the one of the earliest rule. `unbatched`: broadcast_constant_outputs'.
     """
     function, targets = _argument_targets(module, argument_names, data_count, parameter_paths)
     _kernel_signature(function, data_count, bool(parameter_paths))
@@ -880,7 +901,8 @@ def apply_rules(
             if data:
                 data_locals.update(n.id for t in statement.targets for n in ast.walk(t)
                                    if isinstance(n, ast.Name))
-        _broadcast_entries(function.body[-1].value, ranks, data_locals)  # type: ignore[attr-defined]
+        _broadcast_entries(function.body[-1].value, ranks, data_locals,  # type: ignore[attr-defined]
+                           [math.prod(shape) for shape in printed_shapes], unbatched)
     if arrays:
         where = {id(statement) for statement in arrays}
         _hoist_literals(function, [k for k, s in enumerate(function.body) if id(s) in where],

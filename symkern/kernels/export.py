@@ -90,7 +90,21 @@ def _blob_digest(header: dict[str, Any], program: bytes) -> str:
     return digest.hexdigest()
 
 
-def _vmappable_call(call: Any, batch_rank: int) -> Any:
+def _batched_leaves(exported: Any, batch_rank: int) -> list[bool]:
+    """Per output leaf of an exported kernel, whether it leads with the batch axes: those
+    with a symbolic size do (an unbatched equation of `constant_outputs="unbatched"` has
+    none)."""
+    return [batch_rank > 0 and any(not isinstance(d, int) for d in aval.shape)
+            for aval in exported.out_avals]
+
+
+def _map_batched(function: Any, tree: Any, batched: list[bool]) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return jax.tree_util.tree_unflatten(
+        treedef, [function(leaf) if flag else leaf for leaf, flag in zip(leaves, batched, strict=True)])
+
+
+def _vmappable_call(call: Any, batch_rank: int, batched: list[bool]) -> Any:
     """The exported `call(const_args, data, ps)` with a batching rule: `jax.vmap` folds a
     mapped axis of the data into the first batch axis of the exported program (whose batch
     sizes are symbolic), where the program has one and only data is mapped; otherwise the
@@ -110,9 +124,10 @@ def _vmappable_call(call: Any, batch_rank: int) -> Any:
                 and not any(jax.tree_util.tree_leaves(ps_batched))):
             merged = tuple(d.reshape((axis_size * d.shape[1],) + d.shape[2:]) for d in data)
             out = call(const_args, merged, ps)
-            out = jax.tree_util.tree_map(
-                lambda leaf: leaf.reshape((axis_size, leaf.shape[0] // axis_size)
-                                          + leaf.shape[1:]), out)
+            out = _map_batched(lambda leaf: leaf.reshape((axis_size, leaf.shape[0] // axis_size)
+                                                         + leaf.shape[1:]), out, batched)
+            return out, _map_batched(lambda _: True, jax.tree_util.tree_map(lambda _: False, out),
+                                     batched)
         else:
             def one(k: Any) -> Any:
                 pick = lambda tree, mapped: jax.tree_util.tree_map(  # noqa: E731
@@ -158,6 +173,8 @@ class LoadedKernel:
         self._ps_shapes = [tuple(aval.shape)
                            for aval in avals[len(avals) - self._ps_treedef.num_leaves:]]
         self._vmappable: Any = None
+        self._batch_rank = header["data"][0]["shape"].count(None) if header["data"] else 0
+        self._batched = _batched_leaves(exported, self._batch_rank)
 
     def __call__(self, *args: Any) -> Any:
         _check_x64(self.header)
@@ -183,8 +200,8 @@ class LoadedKernel:
             ones = tuple(max(n, 1) for n in batch)
             data = tuple(jnp.zeros(ones + a.shape[len(batch):], a.dtype) for a in data)
             out = self._call(self.const_args, data, ps)
-            return jax.tree_util.tree_map(
-                lambda leaf: leaf[tuple(slice(0, n) for n in batch)], out)
+            return _map_batched(lambda leaf: leaf[tuple(slice(0, n) for n in batch)], out,
+                                self._batched)
         return self._call(self.const_args, data, ps)
 
     def _broadcast(self, data: tuple) -> tuple:
@@ -203,9 +220,7 @@ class LoadedKernel:
     @property
     def _call(self) -> Any:
         if self._vmappable is None:
-            self._vmappable = _vmappable_call(self.exported.call,
-                                              self.header["data"][0]["shape"].count(None)
-                                              if self.header["data"] else 0)
+            self._vmappable = _vmappable_call(self.exported.call, self._batch_rank, self._batched)
         return self._vmappable
 
     def _parameters(self, ps: Any) -> Any:

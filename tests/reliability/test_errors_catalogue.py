@@ -235,6 +235,15 @@ def test_builderror_build_options():
            lambda: sk.BuildOptions(assembly="stacked"))
 
 
+def test_builderror_constant_outputs():
+    W, xm = sp.MatrixSymbol("W", 2, 2), sp.MatrixSymbol("xm", 2, 1)
+    _check("builderror-constant-outputs", sk.BuildError,
+           "constant_outputs: 'unbatched' applies to scalar bodies; a kernel of matrix "
+           "expressions returns every output shaped like the batch",
+           lambda: sk.build_function(W * xm, xm, params={"W": W},
+                                     options=sk.BuildOptions(constant_outputs="unbatched")))
+
+
 def test_builderror_vectorized_trig(monkeypatch):
     monkeypatch.setenv("SYMKERN_VECTORIZED_TRIG", "fast")
     _check("builderror-vectorized-trig", sk.BuildError,
