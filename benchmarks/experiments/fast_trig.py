@@ -2,14 +2,15 @@
 
 Usage: python benchmarks/experiments/fast_trig.py [--batch 100000] [--repeats 15]
                                                   [--workloads pendulum,nlink-3,expr-1e3]
+                                                  [--float64-workloads pendulum,nlink-2,...]
 
-XLA's CPU backend computes float32 sin and cos by calling the C library once per element,
-which costs ~4 ns an element and keeps the loop around it from being vectorized; exp and
-tanh are polynomials it vectorizes. Part 1 times both kinds at 10^7 float32 elements, and
-a vectorizable sin/cos written in jax.numpy (``symkern.codegen.trig.polynomial``: a
-Cody-Waite reduction by pi/2 in four float32 parts, Cephes' minimax polynomials) alone
-and behind a per-element fallback to jnp.sin; and measures the polynomial's error in ulps
-against mpmath for |x| <= FAST_UP_TO.
+XLA's CPU backend computes sin and cos by calling the C library once per element, which
+costs ~4 ns a float32 element (~9 a float64 one) and keeps the loop around it from being
+vectorized; exp and tanh are polynomials it vectorizes. Part 1 times both kinds at 10^7
+float32 and float64 elements, and a vectorizable sin/cos written in jax.numpy
+(``symkern.codegen.trig.polynomial``: a Cody-Waite reduction by pi/2 in four parts,
+Cephes' minimax polynomials) alone and behind a per-element fallback to jnp.sin; and
+measures the polynomial's error in ulps against mpmath within its range.
 
 The reduction is exact only for |x| <= FAST_UP_TO, so a kernel that uses the polynomial
 needs a fallback. Part 2 builds symkern's kernel for each workload in a child process per
@@ -50,7 +51,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from symkern.codegen.trig import FAST_UP_TO, polynomial  # noqa: E402
+from symkern.codegen.trig import REDUCTIONS, polynomial  # noqa: E402
+
+#: the float32 polynomial's range (the variants of part 2 replace float32 call sites)
+FAST_UP_TO = REDUCTIONS[np.dtype(np.float32)].fast_up_to
 
 VARIANTS = ["xla", "polynomial", "per-site", "whole", "kept"]
 XLA_SIN, XLA_COS = jnp.sin, jnp.cos
@@ -113,7 +117,7 @@ def _install(variant: str) -> None:
         jnp.sin, jnp.cos = _poisoned(polynomial_sin, XLA_SIN), _poisoned(polynomial_cos, XLA_COS)
         compute = Kernel._compute  # one guard per program: the fused form's around both
         Kernel._evaluate = lambda self, *a: _run_again_on_nan(
-            lambda *b: self._assemble(compute(self, *b)))(*a)
+            lambda *b: self.assemble(compute(self, *b)))(*a)
         Kernel._compute = lambda self, *a: _run_again_on_nan(
             lambda *b: compute(self, *b))(*a)
 
@@ -129,40 +133,41 @@ def _best_ns(function, x, repeats: int = 5) -> float:
     return min(times) / x.size * 1e9
 
 
-def elementwise() -> None:
+def elementwise(dtype: type) -> None:
     import mpmath
 
-    x = jnp.asarray(np.random.default_rng(0).uniform(-3, 3, 10_000_000).astype(np.float32))
+    limit = REDUCTIONS[np.dtype(dtype)].fast_up_to
+    x = jnp.asarray(np.random.default_rng(0).uniform(-3, 3, 10_000_000).astype(dtype))
     rows = [("jnp.sin", XLA_SIN), ("jnp.cos", XLA_COS), ("jnp.exp", jnp.exp),
             ("jnp.tanh", jnp.tanh), ("1.5 * x + 0.2", lambda v: v * 1.5 + 0.2),
             ("polynomial sin", polynomial_sin), ("polynomial cos", polynomial_cos),
             ("polynomial sin, jnp.sin beyond the range (select)",
-             lambda v: jnp.where(jnp.abs(v) > FAST_UP_TO, XLA_SIN(v), polynomial_sin(v)))]
-    print("ns per float32 element at 10^7 elements (best of 5):")
+             lambda v: jnp.where(jnp.abs(v) > limit, XLA_SIN(v), polynomial_sin(v)))]
+    print(f"ns per {np.dtype(dtype).name} element at 10^7 elements (best of 5):")
     for name, function in rows:
         print(f"  {name:52s} {_best_ns(function, x):6.2f}")
     rng = np.random.default_rng(1)
-    samples = np.concatenate([rng.uniform(-FAST_UP_TO, FAST_UP_TO, 5000),
-                              rng.uniform(-10, 10, 5000)]).astype(np.float32)
-    mpmath.mp.prec = 80
+    samples = np.concatenate([rng.uniform(-limit, limit, 5000),
+                              rng.uniform(-10, 10, 5000)]).astype(dtype)
+    mpmath.mp.prec = 120
     for name, mine, xla, reference in [("sin", polynomial_sin, XLA_SIN, mpmath.sin),
                                        ("cos", polynomial_cos, XLA_COS, mpmath.cos)]:
         want = np.array([float(reference(mpmath.mpf(float(v)))) for v in samples])
-        ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+        ulp = np.spacing(np.abs(want).astype(dtype)).astype(np.float64)
         errors = {label: float(np.max(np.abs(np.asarray(f(jnp.asarray(samples)), np.float64)
                                              - want) / ulp))
                   for label, f in (("polynomial", jax.jit(mine)), ("jnp", jax.jit(xla)))}
-        print(f"  max error of {name} on |x| <= {FAST_UP_TO:g}, in ulps: polynomial "
+        print(f"  max error of {name} on |x| <= {limit:g}, in ulps: polynomial "
               f"{errors['polynomial']:.2f}, jnp {errors['jnp']:.2f}")
 
 
-def child(name: str, variant: str, batch: int, repeats: int) -> dict:
+def child(name: str, variant: str, batch: int, repeats: int, tool_name: str) -> dict:
     import workloads
     from compare import ADAPTERS, _block
 
     _install(variant)
     wl = workloads.build(name)
-    tool = ADAPTERS["symkern"](wl)
+    tool = ADAPTERS[tool_name](wl)
     tool.build()
     ps = tool.params(wl.param_values)
     began = time.perf_counter()
@@ -181,22 +186,26 @@ def child(name: str, variant: str, batch: int, repeats: int) -> dict:
             "checksum": float(sum(np.nansum(leaf) for leaf in leaves))}
 
 
-def kernels(names: list[str], batch: int, repeats: int) -> None:
-    print(f"\nsymkern kernels, M samples/s at {batch} (median of {repeats}) and first call "
+def kernels(names: list[str], batch: int, repeats: int, tool_name: str = "symkern") -> None:
+    # float64 kernels: the library and what symkern does (the other variants replace float32
+    # call sites only)
+    variants = VARIANTS if tool_name == "symkern" else ["xla", "kept"]
+    print(f"\n{tool_name} kernels, M samples/s at {batch} (median of {repeats}) and first call "
           "at 1,024 samples, a child process per variant:")
     for name in names:
         row = {}
-        for variant in VARIANTS:
+        for variant in variants:
             env = dict(os.environ)
             env.pop("SYMKERN_VECTORIZED_TRIG", None)
             if variant != "kept":
                 env["SYMKERN_VECTORIZED_TRIG"] = "0"
             out = subprocess.run([sys.executable, __file__, "--child", name, variant,
-                                  "--batch", str(batch), "--repeats", str(repeats)],
+                                  "--batch", str(batch), "--repeats", str(repeats),
+                                  "--tool", tool_name],
                                  capture_output=True, text=True, check=True, env=env)
             row[variant] = json.loads(out.stdout.strip().splitlines()[-1])
         cells = "  ".join(f"{v} {row[v]['throughput'] / 1e6:.3g} ({row[v]['first_call_s']:.2f} s)"
-                          for v in VARIANTS)
+                          for v in variants)
         print(f"  {name:9s} {cells}")
 
 
@@ -205,14 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--workloads", default="pendulum,nlink-3,expr-1e3")
+    parser.add_argument("--float64-workloads", default="pendulum,nlink-2,nlink-4-nonconstant")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "VARIANT"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--tool", default="symkern", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(*args.child, args.batch, args.repeats)))
+        if args.tool == "symkern-f64":
+            jax.config.update("jax_enable_x64", True)
+        print(json.dumps(child(*args.child, args.batch, args.repeats, args.tool)))
         return 0
-    elementwise()
+    jax.config.update("jax_enable_x64", True)
+    elementwise(np.float32)
+    elementwise(np.float64)
     kernels(args.workloads.split(","), args.batch, args.repeats)
+    kernels(args.float64_workloads.split(","), args.batch, args.repeats, "symkern-f64")
     return 0
 
 

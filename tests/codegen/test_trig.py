@@ -23,8 +23,8 @@ from symkern.codegen import trig
 from symkern.codegen.passes import VECTORIZED_TRIG_ENV
 
 mpmath.mp.prec = 120
-LIMIT = float(trig.FAST_UP_TO)
 N = 4096
+DTYPES = [np.float32, np.float64]
 
 
 def exact(xs: np.ndarray, quarter_turns: int) -> np.ndarray:
@@ -32,89 +32,140 @@ def exact(xs: np.ndarray, quarter_turns: int) -> np.ndarray:
     return np.array([float(f(mpmath.mpf(float(v)))) for v in xs])
 
 
-def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """|got - want| in float32 ulps of `want` (the smallest normal's below it)."""
-    ulp = np.maximum(np.spacing(np.abs(want).astype(np.float32)), np.finfo(np.float32).tiny)
+def ulps(got: np.ndarray, want: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """|got - want| in ulps of `want` in `dtype` (the smallest normal's below it)."""
+    ulp = np.maximum(np.spacing(np.abs(want).astype(dtype)), np.finfo(dtype).tiny)
     return np.abs(np.asarray(got, np.float64) - want) / ulp.astype(np.float64)
+
+
+def limit(dtype) -> float:
+    return float(trig.REDUCTIONS[np.dtype(dtype)].fast_up_to)
 
 
 POLYNOMIAL = {q: jax.jit(lambda v, q=q: trig.polynomial(v, q)) for q in (0, 1)}
 
 
-def test_the_parts_of_pi_over_two():
-    parts = [mpmath.mpf(float(p)) for p in trig.PI_OVER_TWO_PARTS]
-    assert abs(sum(parts) - mpmath.pi / 2) < mpmath.mpf(2) ** -62
-    for part in trig.PI_OVER_TWO_PARTS[:3]:  # k * part exact for k < 2^12
-        mantissa, _ = np.frexp(part)
-        assert float(mantissa * 2**12) == int(mantissa * 2**12)
+@pytest.mark.parametrize("dtype, short_bits, max_k", [(np.float32, 12, 2**12), (np.float64, 33, 2**20)])
+def test_the_parts_of_pi_over_two(dtype, short_bits, max_k):
+    reduction = trig.REDUCTIONS[np.dtype(dtype)]
+    parts = [mpmath.mpf(float(p)) for p in reduction.pi_over_two_parts]
+    mpmath.mp.prec = 200
+    try:
+        error = abs(sum(parts) - mpmath.pi / 2)
+    finally:
+        mpmath.mp.prec = 120
+    assert error < mpmath.mpf(2) ** (-62 if dtype == np.float32 else -150)
+    assert all(np.asarray(p).dtype == dtype for p in reduction.pi_over_two_parts)
+    # k * part is exact for every k in the range: k < max_k and each part's mantissa has
+    # short_bits significant bits, together no more than the dtype's
+    assert round(limit(dtype) * 2 / np.pi) < max_k
+    assert short_bits + int(np.log2(max_k)) <= np.finfo(dtype).nmant + 1
+    for part in reduction.pi_over_two_parts[:3]:
+        mantissa, _ = np.frexp(np.float64(part))
+        assert float(mantissa * 2**short_bits) == int(mantissa * 2**short_bits)
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-3, 1.0, 10.0, 500.0, LIMIT]),
-       quarter_turns=st.sampled_from([0, 1]))
-def test_the_polynomial_is_within_two_ulps_in_its_range(seed, scale, quarter_turns):
-    xs = np.random.default_rng(seed).uniform(-scale, scale, 400).astype(np.float32)
+@given(seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-3, 1.0, 10.0, 500.0, "limit"]),
+       quarter_turns=st.sampled_from([0, 1]), dtype=st.sampled_from(DTYPES))
+def test_the_polynomial_is_within_two_ulps_in_its_range(seed, scale, quarter_turns, dtype):
+    scale = limit(dtype) if scale == "limit" else scale
+    xs = np.random.default_rng(seed).uniform(-scale, scale, 400).astype(dtype)
+    got = np.asarray(POLYNOMIAL[quarter_turns](jnp.asarray(xs)))
+    assert got.dtype == dtype
+    assert ulps(got, exact(xs, quarter_turns), dtype).max() <= 2.0
+
+
+def next_to(ks: np.ndarray, dtype) -> np.ndarray:
+    """The dtype's numbers nearest k * pi/2 and their neighbours, within the range."""
+    centers = (ks * (np.pi / 2)).astype(dtype)
+    xs = np.concatenate([np.nextafter(centers, dtype(np.inf)), centers,
+                         np.nextafter(centers, dtype(-np.inf))])
+    return xs[np.abs(xs) <= limit(dtype)]
+
+
+@pytest.mark.parametrize("quarter_turns", [0, 1])
+def test_the_float32_polynomial_next_to_every_multiple_of_pi_over_two(quarter_turns):
+    xs = next_to(np.arange(-2608, 2609), np.float32)
     got = np.asarray(POLYNOMIAL[quarter_turns](jnp.asarray(xs)))
     assert ulps(got, exact(xs, quarter_turns)).max() <= 2.0
 
 
 @pytest.mark.parametrize("quarter_turns", [0, 1])
-def test_the_polynomial_next_to_every_multiple_of_pi_over_two(quarter_turns):
-    centers = (np.arange(-2608, 2609) * (np.pi / 2)).astype(np.float32)
-    xs = np.concatenate([np.nextafter(centers, np.float32(np.inf)), centers,
-                         np.nextafter(centers, np.float32(-np.inf))])
-    xs = xs[np.abs(xs) <= LIMIT]
+def test_the_float64_polynomial_next_to_multiples_of_pi_over_two(quarter_turns):
+    # every multiple up to 2,000 and 2,000 drawn up to the range's end (667,544): where the
+    # reduction cancels most, the parts after the first decide the value
+    kmax = int(limit(np.float64) * 2 / np.pi)
+    ks = np.concatenate([np.arange(-2000, 2001),
+                         np.random.default_rng(11).integers(-kmax, kmax + 1, 2000), [-kmax, kmax]])
+    xs = next_to(ks, np.float64)
     got = np.asarray(POLYNOMIAL[quarter_turns](jnp.asarray(xs)))
-    assert ulps(got, exact(xs, quarter_turns)).max() <= 2.0
+    assert ulps(got, exact(xs, quarter_turns), np.float64).max() <= 2.0
 
 
-def test_the_polynomial_keeps_signed_zero_and_propagates_nan():
-    got = np.asarray(POLYNOMIAL[0](jnp.asarray(np.array([-0.0, 0.0, np.nan], np.float32))))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_polynomial_keeps_signed_zero_and_propagates_nan(dtype):
+    got = np.asarray(POLYNOMIAL[0](jnp.asarray(np.array([-0.0, 0.0, np.nan], dtype))))
     assert np.signbit(got[0]) and not np.signbit(got[1]) and np.isnan(got[2])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["sin", "cos"])
-@pytest.mark.parametrize("outside", [None, 5000.0, 1e30, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("outside", [None, "past", 1e30, np.inf, -np.inf, np.nan])
 def test_each_element_outside_the_range_is_the_library_and_the_others_keep_their_value(
-        name, outside):
-    xs = np.random.default_rng(7).uniform(-3, 3, N).astype(np.float32)
+        name, outside, dtype):
+    xs = np.random.default_rng(7).uniform(-3, 3, N).astype(dtype)
     alone = np.asarray(jax.jit(getattr(trig, name))(jnp.asarray(xs)))
     if outside is not None:
-        xs[123] = outside
+        xs[123] = limit(dtype) * 1.25 if outside == "past" else outside
     got = np.asarray(jax.jit(getattr(trig, name))(jnp.asarray(xs)))
     library = np.asarray(jax.jit(getattr(jnp, name))(jnp.asarray(xs)))
     inside = np.arange(N) != 123
     # the other elements are the polynomial's, bit for bit the same as without the outlier
     np.testing.assert_array_equal(got[inside], alone[inside])
-    assert ulps(got[inside], exact(xs[inside], 0 if name == "sin" else 1)).max() <= 2.0
+    assert ulps(got[inside], exact(xs[inside], 0 if name == "sin" else 1), dtype).max() <= 2.0
     if outside is not None:  # the element outside: the library's (NaN gives NaN)
         np.testing.assert_array_equal(got[123], library[123])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 63, 64, N - 1, N, N + 1])
-def test_a_sample_gets_the_same_value_in_every_batch_size(n):
-    xs = np.random.default_rng(9).uniform(-50, 50, N + 1).astype(np.float32)
+def test_a_sample_gets_the_same_value_in_every_batch_size(n, dtype):
+    xs = np.random.default_rng(9).uniform(-50, 50, N + 1).astype(dtype)
     whole = np.asarray(jax.jit(trig.sin)(jnp.asarray(xs)))
     np.testing.assert_array_equal(np.asarray(jax.jit(trig.sin)(jnp.asarray(xs[:n]))), whole[:n])
     np.testing.assert_array_equal(np.asarray(trig.sin(xs[0])), whole[0])
 
 
-def test_float64_call_sites_are_the_library():
-    for x in (np.linspace(-2, 2, N), np.float64(0.5)):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_empty_batch_has_no_values_and_no_error(dtype):
+    for name in ("sin", "cos"):
+        got = jax.jit(getattr(trig, name))(jnp.zeros((0,), dtype))
+        assert got.shape == (0,) and got.dtype == dtype
+    kernel = sk.build_function(sp.sin(q0) * sp.cos(q1), [q0, q1], dtype=np.dtype(dtype).name)
+    assert "trig.sin(" in kernel.source
+    assert kernel(np.zeros((0, 2), dtype)).shape == (0,)
+
+
+def test_other_dtypes_are_the_library():
+    for x in (np.linspace(-2, 2, N, dtype=np.float16), np.complex128(0.5 + 1j),
+              np.linspace(-2, 2, N).astype(np.complex64)):
         jaxpr = str(jax.make_jaxpr(trig.sin)(x))
         assert "cond" not in jaxpr and "sin" in jaxpr
-    for x in (np.zeros(N, np.float32), np.float32(0.5)):
+    for x in (np.zeros(N, np.float32), np.float32(0.5), np.zeros(N), np.float64(0.5)):
         assert "cond" in str(jax.make_jaxpr(trig.sin)(x))
 
 
-def test_derivatives_are_the_other_function():
-    xs = jnp.asarray(np.random.default_rng(8).uniform(-3, 3, N).astype(np.float32))
+@pytest.mark.parametrize("dtype, atol", [(np.float32, 3e-7), (np.float64, 1e-15)])
+def test_derivatives_are_the_other_function(dtype, atol):
+    xs = jnp.asarray(np.random.default_rng(8).uniform(-3, 3, N).astype(dtype))
     d_sin = jax.grad(lambda v: jnp.sum(trig.sin(v)))(xs)
     d_cos = jax.grad(lambda v: jnp.sum(trig.cos(v)))(xs)
     dd_sin = jax.grad(lambda v: jnp.sum(jax.grad(lambda w: jnp.sum(trig.sin(w)))(v)))(xs)
-    np.testing.assert_allclose(d_sin, np.cos(np.asarray(xs, np.float64)), atol=3e-7)
-    np.testing.assert_allclose(d_cos, -np.sin(np.asarray(xs, np.float64)), atol=3e-7)
-    np.testing.assert_allclose(dd_sin, -np.sin(np.asarray(xs, np.float64)), atol=3e-7)
+    assert d_sin.dtype == dtype
+    np.testing.assert_allclose(d_sin, np.cos(np.asarray(xs, np.float64)), atol=atol)
+    np.testing.assert_allclose(d_cos, -np.sin(np.asarray(xs, np.float64)), atol=atol)
+    np.testing.assert_allclose(dd_sin, -np.sin(np.asarray(xs, np.float64)), atol=atol)
 
 
 # ---- in kernels ----------------------------------------------------------------------------
@@ -239,13 +290,41 @@ def test_the_environment_switches_it_off_and_a_bad_value_is_refused(monkeypatch)
         build()
 
 
-def test_many_calls_and_float64_kernels_keep_the_library():
+def test_many_calls_keep_the_library():
     xs = sp.symbols(f"x0:{trig.POLYNOMIAL_UP_TO_CALLS + 1}")
     many = sk.build_function(sum(sp.sin(x) for x in xs), list(xs), dtype="float32")
     assert "cond" not in str(many.jaxpr(np.zeros((N, len(xs)), np.float32)))
-    double = sk.build_function(EQS, [q0, q1, p0, p1], params={"L": L, "g": g}, dtype="float64")
-    X = data(N).astype(np.float64)
-    assert "cond" not in str(double.jaxpr(X, PS))
-    out = double(X, {"L": 1.5, "g": 9.8})
+    fewer = sk.build_function(sum(sp.sin(x) for x in xs[:-1]), list(xs[:-1]), dtype="float32")
+    assert "trig.sin(" in fewer.source
+
+
+def magnitude(values: np.ndarray) -> float:
+    """The largest finite |value|, at least 1."""
+    finite = np.abs(values[np.isfinite(values)])
+    return max(1.0, float(finite.max(initial=0.0)))
+
+
+DOUBLE = sk.build_function(EQS, [q0, q1, p0, p1], params={"L": L, "g": g}, dtype="float64")
+
+
+@pytest.mark.parametrize("n", [1, N - 1, N + 1])
+@pytest.mark.parametrize("scale, outlier", [(3.0, None), (3.0, 5e6), (1e5, None), (3.0, np.nan)])
+def test_float64_kernels_get_the_polynomial_within_the_reference(n, scale, outlier):
+    assert "trig.sin(" in DOUBLE.source and "jnp.sin" not in DOUBLE.source
+    assert DOUBLE.options.trig == "polynomial"
+    X = data(n, seed=n, scale=scale).astype(np.float64)
+    if outlier is not None:
+        X[0, 1] = outlier
+    out = DOUBLE(X, {"L": 1.5, "g": 9.8})
     want = reference(X, 1.5, 9.8)
-    np.testing.assert_allclose(out["f"], want["f"], rtol=1e-12, atol=1e-12)
+    for key in want:
+        assert out[key].dtype == np.float64
+        # a few ulps of each sin or cos, times its factor (the arguments reach 2 * scale)
+        np.testing.assert_allclose(out[key], want[key], rtol=1e-14, atol=1e-15 * magnitude(want[key]))
+    # the library's kernel: the same values to the polynomial's few ulps, the same NaNs
+    library = sk.build_function(EQS, [q0, q1, p0, p1], params={"L": L, "g": g}, dtype="float64",
+                                options=sk.BuildOptions(trig="library"))
+    assert "trig." not in library.source
+    theirs = library(X, {"L": 1.5, "g": 9.8})
+    for key in want:
+        np.testing.assert_allclose(out[key], theirs[key], rtol=1e-14, atol=1e-15 * magnitude(want[key]))
