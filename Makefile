@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[bench,peers]"
 	$(PY) benchmarks/compare.py --out benchmarks/results/full.json
 	$(PY) benchmarks/compare.py --peers --out benchmarks/results/peers.json
+	$(PY) benchmarks/compare.py --peers --cpu-memory reuse --out benchmarks/results/peers_reuse.json
 	$(PY) benchmarks/scale_shapes.py --out benchmarks/results/scale_shapes.json
 	$(PY) benchmarks/report.py benchmarks/results/full.json
 

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/compare.py [--quick | --peers] [--out benchmarks/results/NAME.json]
                                  [--workloads a,b] [--tools a,b] [--timeout S] [--mem-gib G]
+                                 [--cpu-memory system | reuse]
 
 Tools (each used the way its own documentation shows):
 
@@ -27,6 +28,11 @@ Tools (each used the way its own documentation shows):
 
 Each result records its ``dtype``; ratios are read within one dtype (``--peers`` writes
 them as ``ratios``: symkern of that dtype over the fastest other tool of that dtype).
+
+``--cpu-memory reuse`` has every measuring process call ``symkern.reuse_cpu_memory()``
+before anything runs (glibc keeps freed memory for the next call instead of mapping it
+afresh, docs/design/cpu-throughput.md). It is a setting of the process, so every tool
+measured in it, the peers included, runs with it; the report's ``config`` records it.
 
 For every workload × tool a worker subprocess (address-space limit ``--mem-gib``, wall
 limit ``--timeout``) measures: build time to a first result on a batch of 1024; steady
@@ -818,6 +824,15 @@ def same_dtype_ratios(report: dict) -> dict:
     return out
 
 
+def _configure_process(cfg: dict) -> None:
+    """What a measuring process sets before anything runs: the allocator of `--cpu-memory`
+    (a setting of the process, so every tool measured in it shares it)."""
+    if cfg.get("cpu_memory", "system") == "reuse":
+        import symkern as sk
+
+        sk.reuse_cpu_memory()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small profile (< 60 s), for smoke tests")
@@ -829,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, help="seconds per tool and workload")
     parser.add_argument("--mem-gib", type=float, default=10.0, help="address-space limit per subprocess")
     parser.add_argument("--batch", type=int, help="throughput batch size")
+    parser.add_argument("--cpu-memory", choices=("system", "reuse"), default="system",
+                        help="every measuring process's allocator: glibc's defaults, or "
+                             "symkern.reuse_cpu_memory() before anything runs (all tools share it)")
     parser.add_argument("--include-known-failures", action="store_true",
                         help="also run the combinations ANCHORS.md measured above 16 GiB")
     parser.add_argument("--job", nargs=3, metavar=("WORKLOAD", "DIR", "TOOLS"), help=argparse.SUPPRESS)
@@ -840,6 +858,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.interleave_job:
         sys.setrecursionlimit(100_000)
         name, directory, tools = args.interleave_job
+        _configure_process(json.loads(args.config))
         result = interleave_job(name, Path(directory), tools.split(","), json.loads(args.config))
         print("RESULT " + json.dumps(result), flush=True)
         return 0
@@ -847,6 +866,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         sys.setrecursionlimit(100_000)  # pickled deep expressions
         name, directory, tools = args.job
+        _configure_process(json.loads(args.config))
         result = job(name, Path(directory), [t for t in tools.split(",") if t], json.loads(args.config))
         print("RESULT " + json.dumps(result), flush=True)
         return 0
@@ -858,6 +878,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg["timeout"] = args.timeout
     if args.batch:
         cfg["batch"] = args.batch
+    cfg["cpu_memory"] = args.cpu_memory
     workload_names = args.workloads.split(",") if args.workloads else cfg["workloads"]
     tool_names = args.tools.split(",") if args.tools else PEER_TOOLS if args.peers else TOOLS
     unknown = sorted(set(tool_names) - set(ADAPTERS))

@@ -17,6 +17,7 @@ from symkern.errors import (
 )
 from symkern.kernels.constants import ConstArg
 from symkern.kernels.export import LoadedKernel, load
+from symkern.kernels.memory import reuse_cpu_memory
 from symkern.kernels.threads import set_cpu_threads
 from symkern.symbolic import (
     ACTIVATIONS,
@@ -65,5 +66,6 @@ __all__ = [
     "disable_cache",
     "enable_cache",
     "load",
+    "reuse_cpu_memory",
     "set_cpu_threads",
 ]

@@ -64,15 +64,20 @@ def _assert_interleaved(entry: dict, rounds: int) -> None:
 
 
 def test_full_profile_interleaves_the_tools_of_a_workload(tmp_path: Path) -> None:
-    """The full profile's path: a process per tool, then one process timing them in turn."""
+    """The full profile's path: a process per tool, then one process timing them in turn, each
+    with freed memory reused (`--cpu-memory reuse`: set before anything runs, or it is
+    refused and every tool fails)."""
     out = tmp_path / "full.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--workloads", "net-2-3-2",
-               "--tools", "symkern,jax-hand,symengine", "--batch", "5000", "--out", str(out)]
+               "--tools", "symkern,jax-hand,symengine", "--batch", "5000", "--out", str(out),
+               "--cpu-memory", "reuse"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import compare
 
-    entry = json.loads(out.read_text())["workloads"]["net-2-3-2"]
+    report = json.loads(out.read_text())
+    assert report["config"]["cpu_memory"] == "reuse"
+    entry = report["workloads"]["net-2-3-2"]
     assert re.search(r"interleaved \((\d+) rounds\)", proc.stdout)
     assert entry["tools"]["symkern"]["status"] == "ok"
     _assert_interleaved(entry, compare.FULL["rounds"])

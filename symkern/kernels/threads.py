@@ -22,7 +22,7 @@ import jax
 from symkern.errors import BuildError
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
     """Whether JAX has started its backends (after which the pool's size is fixed)."""
     from jax._src import xla_bridge
 
@@ -54,7 +54,7 @@ def set_cpu_threads(n: int) -> None:
     if not hasattr(os, "sched_setaffinity"):
         raise BuildError("set_cpu_threads: this platform has no CPU affinity "
                          "(os.sched_setaffinity); limit the process's cores when starting it")
-    if _backend_started():
+    if backend_started():
         raise BuildError("set_cpu_threads: JAX's backend has already started, and its CPU "
                          "thread pool was sized then; call set_cpu_threads before the first "
                          f"JAX computation (or start the process under `taskset -c 0-{n - 1}`)")

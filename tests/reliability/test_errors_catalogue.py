@@ -16,6 +16,7 @@ import sympy as sp
 
 import symkern as sk
 from symkern.codegen import rules
+from symkern.kernels import memory
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "errors.md"
@@ -224,6 +225,17 @@ def test_builderror_cpu_threads():
     _check("builderror-cpu-threads", sk.BuildError,
            "set_cpu_threads: JAX's backend has already started, and its CPU thread pool was "
            "sized then", lambda: sk.set_cpu_threads(1))
+
+
+def test_builderror_cpu_memory():
+    _check("builderror-cpu-memory", sk.BuildError,
+           "reuse_cpu_memory: up_to_bytes: expected an int from 131072 to 2147483647, got 0",
+           lambda: sk.reuse_cpu_memory(0))
+    if memory.glibc() is not None:
+        jax.devices("cpu")
+        _check("builderror-cpu-memory", sk.BuildError,
+               "reuse_cpu_memory: JAX's backend has already started, and XLA's threads have "
+               "their heaps", lambda: sk.reuse_cpu_memory())
 
 
 def test_builderror_build_options():

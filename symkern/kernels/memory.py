@@ -1,0 +1,86 @@
+"""kernels: where XLA's CPU backend gets the memory of a call's buffers.
+
+Imports ctypes and symkern.errors (and symkern.kernels.threads for the backend's state).
+
+XLA's CPU runtime allocates every buffer of a call — its outputs and the intermediates it
+keeps — with the C library's `malloc` and frees it when it is done. glibc serves a block
+above its mmap threshold (128 KiB, raised as blocks are freed up to 32 MiB) with a fresh
+`mmap` and gives it back with `munmap`, gives back free memory at the top of its heap, and
+gives each thread that allocates its own heap of at most 64 MiB: XLA's pool threads, which
+allocate the outputs, get a fresh mapping for any output larger than that. A fresh mapping
+is faulted in page by page on the call that writes it: on the development machine that costs
+about 1.4 us a 4 KiB page, about 3 GB/s, and a kernel whose outputs are many per-sample
+entries (a mass matrix) spends most of its time there (docs/design/cpu-throughput.md).
+
+`reuse_cpu_memory(up_to_bytes)` tells glibc to keep that memory: one heap for every thread
+(`M_ARENA_MAX` 1), blocks up to `up_to_bytes` from it (`M_MMAP_THRESHOLD`), and up to
+`up_to_bytes` of free memory kept at its top (`M_TRIM_THRESHOLD`). The next call reuses the
+pages the last one freed. It is a setting of the process, and the price is memory that the
+process keeps after freeing it, up to `up_to_bytes` more than it uses at any time; it is not
+on by default, as JAX does not touch the C library's allocator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+
+from symkern.errors import BuildError
+from symkern.kernels.threads import backend_started
+
+#: glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+#: mallopt takes an int; below glibc's own starting threshold the setting would map more
+SMALLEST = 128 * 1024
+LARGEST = 2**31 - 1
+DEFAULT_UP_TO = 2**30
+
+
+def glibc() -> ctypes.CDLL | None:
+    """The process's C library where it is glibc (the only one with these settings)."""
+    if platform.system() != "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
+        return None
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    return libc
+
+
+def reuse_cpu_memory(up_to_bytes: int = DEFAULT_UP_TO) -> None:
+    """Keep the memory of freed CPU buffers in the process so that the next kernel call
+    reuses it instead of faulting in fresh pages: glibc's malloc gets one heap for every
+    thread, serves blocks up to `up_to_bytes` from it and keeps up to `up_to_bytes` of free
+    memory. Call it before the first JAX computation of the process (XLA's threads take
+    their heaps then). The process keeps up to `up_to_bytes` of freed memory.
+
+    Raises BuildError for an `up_to_bytes` that is not an int from 128 KiB to 2^31 - 1, on a
+    C library other than glibc (start the process with another allocator instead), and once
+    JAX's backend has started.
+    """
+    if isinstance(up_to_bytes, bool) or not isinstance(up_to_bytes, int) \
+            or not SMALLEST <= up_to_bytes <= LARGEST:
+        raise BuildError(f"reuse_cpu_memory: up_to_bytes: expected an int from {SMALLEST} to "
+                         f"{LARGEST}, got {up_to_bytes!r}")
+    libc = glibc()
+    if libc is None:
+        raise BuildError(f"reuse_cpu_memory: the C library of this process is not glibc "
+                         f"({platform.system()}); its allocator has other settings (or start "
+                         "the process with jemalloc or tcmalloc preloaded)")
+    if backend_started():
+        raise BuildError("reuse_cpu_memory: JAX's backend has already started, and XLA's "
+                         "threads have their heaps; call reuse_cpu_memory before the first JAX "
+                         f"computation (or start the process with MALLOC_ARENA_MAX=1 "
+                         f"MALLOC_MMAP_THRESHOLD_={up_to_bytes} MALLOC_TRIM_THRESHOLD_={up_to_bytes})")
+    for name, parameter, value in (("M_ARENA_MAX", M_ARENA_MAX, 1),
+                                   ("M_MMAP_THRESHOLD", M_MMAP_THRESHOLD, up_to_bytes),
+                                   ("M_TRIM_THRESHOLD", M_TRIM_THRESHOLD, up_to_bytes)):
+        if libc.mallopt(parameter, value) != 1:
+            raise BuildError(f"reuse_cpu_memory: glibc refused mallopt({name}, {value})")
