@@ -9,7 +9,7 @@ above its mmap threshold (128 KiB, raised as blocks are freed up to 32 MiB) with
 gives each thread that allocates its own heap of at most 64 MiB: XLA's pool threads, which
 allocate the outputs, get a fresh mapping for any output larger than that. A fresh mapping
 is faulted in page by page on the call that writes it: on the development machine that costs
-about 1.4 us a 4 KiB page, about 3 GB/s, and a kernel whose outputs are many per-sample
+about 1 us a 4 KiB page, about 4 GB/s, and a kernel whose outputs are many per-sample
 entries (a mass matrix) spends most of its time there (docs/design/cpu-throughput.md).
 
 `reuse_cpu_memory(up_to_bytes)` tells glibc to keep that memory: one heap for every thread
