@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# at 10^4 operations PyTensor's C and numba backends do not build within compare.py's limit
+SHAPE_PEERS_1E4 := symkern,symkern-f64,lambdify-numpy,numba,pytensor-jax,pytensor-jax-f32,casadi-c
+
 .PHONY: demo test test-all lint fuzz bench clean drift-matrix doctor
 
 $(STAMP): pyproject.toml constraints.txt
@@ -25,6 +28,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/compare.py --out benchmarks/results/full.json
 	$(PY) benchmarks/compare.py --peers --out benchmarks/results/peers.json
 	$(PY) benchmarks/compare.py --peers --cpu-memory reuse --out benchmarks/results/peers_reuse.json
+	$(PY) benchmarks/compare.py --peers --shapes 1e3 --cpu-memory reuse --out benchmarks/results/peers_shapes_1e3.json
+	$(PY) benchmarks/compare.py --peers --shapes 1e4 --cpu-memory reuse --tools $(SHAPE_PEERS_1E4) --out benchmarks/results/peers_shapes_1e4.json
 	$(PY) benchmarks/scale_shapes.py --out benchmarks/results/scale_shapes.json
 	$(PY) benchmarks/report.py benchmarks/results/full.json
 

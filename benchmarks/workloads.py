@@ -61,6 +61,8 @@ class Workload:
     net_sizes: tuple[int, ...] | None = None
     jacobian: bool = False
     note: str = ""
+    #: the range the inputs are drawn from (`sample`)
+    input_range: tuple[float, float] = (-1.5, 1.5)
 
     def make_net(self) -> Any:
         """The `Chain` of a network workload (cheap: no symbolic work)."""
@@ -101,7 +103,7 @@ class Workload:
     def sample(self, n: int, seed: int = 0) -> np.ndarray:
         """`n` float64 input rows of shape (n, len(inputs)), in the range every tool handles."""
         rng = np.random.default_rng(seed)
-        return rng.uniform(-1.5, 1.5, size=(n, len(self.inputs)))
+        return rng.uniform(*self.input_range, size=(n, len(self.inputs)))
 
 
 def _is_leaf(value: Any) -> bool:
@@ -302,6 +304,26 @@ def generated(ops: int, seed: int = 0) -> Workload:
                     note=f"{n_out} output(s), nominal {ops} operations")
 
 
+def random_shape(profile: str, target: int, seed: int = 0) -> Workload:
+    """About `target` operations drawn from one of `shapes.PROFILES` (the scale benchmarks'
+    random expression generator): shapes nobody tuned a kernel for, as a column Matrix."""
+    import shapes
+
+    shape = shapes.generate(profile, target, seed)
+    values = {name: np.float64(v) for name, v in shape.param_values.items()}
+    # The generator leaves its sums and products unevaluated (to hold the operation count);
+    # sympy.lambdify(..., cse=True) computes another function from some of them (at 10^4
+    # operations, log(1 + 2*x2) where the tree has log(1 + x2**2)), which would make the
+    # reference and numba's source wrong. Evaluated, as a user's expressions are, it agrees
+    # with evalf.
+    eqs = shape.eqs.doit()
+    return Workload(f"shape-{profile}-{_short(target)}", eqs, list(shape.inputs),
+                    dict(shape.params), values, _ops(eqs),
+                    note=f"{shape.eqs.rows} output(s), {shape.dag_operations} distinct "
+                         f"operations; shapes.generate({profile!r}, {target}, seed={seed})",
+                    input_range=(-1.0, 1.0))  # where the generator keeps every value finite
+
+
 def _short(n: int) -> str:
     exponent = int(round(np.log10(n)))
     return f"1e{exponent}" if 10**exponent == n else str(n)
@@ -331,6 +353,12 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "expr-1e3": lambda: generated(1000),
     "expr-1e4": lambda: generated(10_000),
     "expr-1e5": lambda: generated(100_000),
+    # the random shapes of benchmarks/shapes.py at 10^3 and 10^4 operations (compare.py
+    # --peers --workloads shape-...; make bench runs them)
+    **{f"shape-{profile}-{_short(target)}": (lambda profile=profile, target=target:
+                                              random_shape(profile, target))
+       for profile in ("wide-sum", "deep-nest", "products", "shared-dag", "many-params")
+       for target in (1_000, 10_000)},
     # not in the full profile (minutes per tool): benchmarks/compare.py --workloads expr-1e6
     "expr-1e6": lambda: generated(1_000_000),
 }

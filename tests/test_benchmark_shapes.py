@@ -80,3 +80,20 @@ def test_sympy_cse_keeps_the_value_of_a_shape(profile: str) -> None:
     plain = np.ravel(sp.lambdify(args, list(shape.eqs), "numpy", cse=False)(x, values))
     shared = np.ravel(sp.lambdify(args, list(shape.eqs), "numpy", cse=True)(x, values))
     np.testing.assert_allclose(shared, plain, rtol=1e-9, atol=1e-9 * np.abs(plain).max())
+
+
+@pytest.mark.slow  # two lambdify builds of 10^4 operations
+def test_the_peers_workload_of_a_shape_keeps_its_value_under_sympy_cse() -> None:
+    """At 10^4 operations the generator's unevaluated wide-sum shape still makes lambdify's
+    cse=True compute another function (log(1 + 2*x2) for log(1 + x2**2)); the peers' workload
+    (`workloads.random_shape`) evaluates it, and there cse=True agrees with cse=False."""
+    import workloads
+
+    wl = workloads.build("shape-wide-sum-1e4")
+    args = (wl.inputs, wl.flat_param_symbols())
+    X = wl.sample(16, seed=2).T
+    values = wl.flat_param_values()
+    plain = np.asarray(sp.lambdify(args, wl.flat_entries(), "numpy", cse=False)(X, values))
+    shared = np.asarray(sp.lambdify(args, wl.flat_entries(), "numpy", cse=True)(X, values))
+    assert np.isfinite(plain).all()
+    np.testing.assert_allclose(shared, plain, rtol=1e-9, atol=1e-9 * np.abs(plain).max())
