@@ -154,9 +154,11 @@ TOWER = "**".join(["x0"] * 2400)
     ("sin + x0", "the function sin used as a value"),
 ])
 def test_inspect_refuses_what_would_hang_or_recurse_within_seconds(capsys, text, message):
-    start = time.perf_counter()
+    # the processor time of this process: what a runaway parse or recursion spends, and not
+    # what another process on a loaded machine takes from the wall clock
+    start = time.process_time()
     code, out, err = inspect(capsys, "--data", "x0,x1", "--params", "a", "--", text)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     assert code == 2 and out == "", err
     assert err.startswith("error: EXPR: ") and message in err, err
     assert "Traceback" not in err and len(err) < 1000
@@ -184,9 +186,9 @@ def test_long_and_large_inputs_within_the_bounds_build_the_right_expression(text
     x0, x1 = sp.symbols("x0 x1")
     functions = resolve_sympy_functions(["gamma", "exp", "log", "Piecewise", "floor", "pi",
                                          "digamma", "chebyshevt"])
-    start = time.perf_counter()
+    start = time.process_time()
     assert parse_expression(text, {"x0": x0, "x1": x1}, functions) == expected
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
 
 
 def test_a_2500_term_sum_is_inspected(capsys):
@@ -216,7 +218,7 @@ def test_random_text_is_an_expression_or_a_build_error_within_seconds(tokens):
     functions = resolve_sympy_functions(
         ["gamma", "exp", "log", "sqrt", "polygamma", "root", "Pow", "exp2", "Piecewise", "sin",
          "Max", "Rational", "pi"])
-    start = time.perf_counter()
+    start = time.process_time()
     try:
         result = parse_expression("".join(tokens), {"x0": x0, "x1": x1, "a": a}, functions)
     except BuildError as error:
@@ -224,4 +226,4 @@ def test_random_text_is_an_expression_or_a_build_error_within_seconds(tokens):
     else:
         assert isinstance(result, sp.Expr)
         str(result)  # printable: no integer beyond Python's digit limit
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
