@@ -99,11 +99,6 @@ PEERS = {
     "batch": 100_000, "build_batch": 1024, "repeats": 5, "latency_repeats": 50,
     "timeout": 240.0, "rounds": 15, "round_seconds": 2.0,
 }
-#: --peers --shapes SIZE: the random expression shapes of benchmarks/shapes.py at 10^3 or
-#: 10^4 operations, against the same peers
-PEER_SHAPES = {size: [f"shape-{profile}-{size}" for profile in
-                      ("wide-sum", "deep-nest", "products", "shared-dag", "many-params")]
-               for size in ("1e3", "1e4")}
 QUICK = {
     "workloads": ["pendulum", "net-2-3-2", "expr-1e3"],
     "batch": 10_000, "build_batch": 1024, "repeats": 3, "latency_repeats": 20,
@@ -849,9 +844,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, help="seconds per tool and workload")
     parser.add_argument("--mem-gib", type=float, default=10.0, help="address-space limit per subprocess")
     parser.add_argument("--batch", type=int, help="throughput batch size")
-    parser.add_argument("--shapes", choices=tuple(PEER_SHAPES),
+    parser.add_argument("--shapes", metavar="1e3|1e4",
                         help="with --peers: the five random expression shapes of this many "
-                             "operations instead of the mechanics models")
+                             "operations instead of the mechanics models "
+                             "(workloads.SHAPE_WORKLOADS)")
     parser.add_argument("--cpu-memory", choices=("system", "reuse"), default="system",
                         help="every measuring process's allocator: glibc's defaults, or "
                              "symkern.reuse_cpu_memory() before anything runs (all tools share it)")
@@ -890,7 +886,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.shapes and not args.peers:
         parser.error("--shapes goes with --peers")
     if args.shapes:
-        cfg["workloads"] = PEER_SHAPES[args.shapes]
+        import workloads
+
+        if args.shapes not in workloads.SHAPE_WORKLOADS:
+            parser.error(f"--shapes: expected one of {', '.join(workloads.SHAPE_WORKLOADS)}, "
+                         f"got {args.shapes!r}")
+        cfg["workloads"] = workloads.SHAPE_WORKLOADS[args.shapes]
     workload_names = args.workloads.split(",") if args.workloads else cfg["workloads"]
     tool_names = args.tools.split(",") if args.tools else PEER_TOOLS if args.peers else TOOLS
     unknown = sorted(set(tool_names) - set(ADAPTERS))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import shapes
 import sympy as sp
 
 #: 131072 float64 entries = 1 MiB: large enough that embedding it in HLO is visible.
@@ -307,8 +308,6 @@ def generated(ops: int, seed: int = 0) -> Workload:
 def random_shape(profile: str, target: int, seed: int = 0) -> Workload:
     """About `target` operations drawn from one of `shapes.PROFILES` (the scale benchmarks'
     random expression generator): shapes nobody tuned a kernel for, as a column Matrix."""
-    import shapes
-
     shape = shapes.generate(profile, target, seed)
     values = {name: np.float64(v) for name, v in shape.param_values.items()}
     # The generator leaves its sums and products unevaluated (to hold the operation count);
@@ -327,6 +326,14 @@ def random_shape(profile: str, target: int, seed: int = 0) -> Workload:
 def _short(n: int) -> str:
     exponent = int(round(np.log10(n)))
     return f"1e{exponent}" if 10**exponent == n else str(n)
+
+
+#: every profile of benchmarks/shapes.py at 10^3 and 10^4 operations, by size
+#: (compare.py --peers --shapes SIZE; make bench runs both)
+SHAPE_TARGETS = (1_000, 10_000)
+SHAPE_WORKLOADS = {_short(target): [f"shape-{profile}-{_short(target)}"
+                                    for profile in shapes.PROFILES]
+                   for target in SHAPE_TARGETS}
 
 
 def _ops(eqs: Any) -> int:
@@ -353,12 +360,10 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "expr-1e3": lambda: generated(1000),
     "expr-1e4": lambda: generated(10_000),
     "expr-1e5": lambda: generated(100_000),
-    # the random shapes of benchmarks/shapes.py at 10^3 and 10^4 operations (compare.py
-    # --peers --workloads shape-...; make bench runs them)
-    **{f"shape-{profile}-{_short(target)}": (lambda profile=profile, target=target:
-                                              random_shape(profile, target))
-       for profile in ("wide-sum", "deep-nest", "products", "shared-dag", "many-params")
-       for target in (1_000, 10_000)},
+    # the random shapes (SHAPE_WORKLOADS)
+    **{name: (lambda profile=profile, target=target: random_shape(profile, target))
+       for target in SHAPE_TARGETS for profile, name in zip(
+           shapes.PROFILES, SHAPE_WORKLOADS[_short(target)], strict=True)},
     # not in the full profile (minutes per tool): benchmarks/compare.py --workloads expr-1e6
     "expr-1e6": lambda: generated(1_000_000),
 }

@@ -23,14 +23,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-SHAPES = [f"shape-{p}-1e4" for p in ("wide-sum", "deep-nest", "products", "shared-dag",
-                                     "many-params")]
+import workloads  # noqa: E402
 
 
 def measure(name: str, batch: int, rounds: int, whole_first: bool) -> dict:
     import jax
     import numpy as np
-    import workloads
 
     import symkern as sk
 
@@ -63,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--workloads", default=",".join(SHAPES))
+    parser.add_argument("--workloads", default=",".join(workloads.SHAPE_WORKLOADS["1e4"]))
     parser.add_argument("--whole-first", action="store_true")
     args = parser.parse_args()
     for name in args.workloads.split(","):

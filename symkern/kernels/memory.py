@@ -62,7 +62,7 @@ def reuse_cpu_memory(up_to_bytes: int = DEFAULT_UP_TO) -> None:
     thread, serves blocks up to `up_to_bytes` from it and keeps up to `up_to_bytes` of free
     memory. Call it before the first JAX computation of the process (XLA's threads take
     their heaps then). The process keeps the memory it frees (its heap grows over the first
-calls to a few times what one call allocates).
+    calls to a few times what one call allocates).
 
     Raises BuildError for an `up_to_bytes` that is not an int from 128 KiB to 2^31 - 1, on a
     C library other than glibc (start the process with another allocator instead), and once
