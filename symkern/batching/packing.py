@@ -42,6 +42,16 @@ PACK_FROM_LEAVES = 4
 #: 1,024: 3.48 / 2.93 ms, 0.65 / 1.13 ms, first call 14.7 / 3.8 s (Chain(Dense(2, 2)…)
 #: networks of 4-32 leaves also ran 10-40 % slower packed)
 PACK_ARRAYS_FROM_LEAVES = 1024
+#: leaves packed inside a trace (a caller's `jax.jit`, `jax.grad`) from more than this many on
+#: reach XLA as one opaque buffer (`lax.optimization_barrier`): otherwise XLA folds each slice
+#: of their concatenation to the leaf, the executable's own argument, and a loop fusion takes
+#: one operand per parameter read. `jax.jit` around the 10^4-operation random shape with
+#: 2,000 scalar parameters compiled in 236 s that way against 25 s behind the barrier
+#: (running 100 against 132 ms a call at 100,000 samples). Up to this many — the count of
+#: JAX-array leaves the direct call packs inside its own trace (kernel.DIRECT_TREE_LEAVES) —
+#: the scalars stay foldable: the 2-link pendulum on a cart (6 leaves) ran 1.55 ms a call
+#: with them and 2.50 ms behind the barrier
+OPAQUE_ABOVE_LEAVES = 64
 
 
 def packs(specs: Sequence[ArgumentSpec]) -> bool:
@@ -267,13 +277,17 @@ class ParameterPacker:
     def pack_leaves(self, leaves: Sequence[Any]) -> PackedParameters:
         """Checked leaves (`Kernel.check_parameters`) packed: on the host when all are numpy,
         else with one jitted `jnp.concatenate` (device arrays stay on their device; tracers
-        pack inside the trace, so `jax.grad` returns a gradient per leaf)."""
+        pack inside the trace, so `jax.grad` returns a gradient per leaf, behind a barrier
+        above OPAQUE_ABOVE_LEAVES leaves)."""
         dtype = self.layout.dtype
         if all(isinstance(leaf, (np.ndarray, np.generic)) for leaf in leaves):
             buffer = (np.concatenate([np.ravel(leaf) for leaf in leaves]).astype(dtype, copy=False)
                       if leaves else np.zeros((0,), dtype))
         else:
             buffer = self._concatenate(tuple(leaves))
+            if len(leaves) > OPAQUE_ABOVE_LEAVES and any(
+                    isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+                buffer = lax.optimization_barrier(buffer)
         return PackedParameters(buffer, self.layout)
 
     def accepts(self, ps: Any) -> bool:

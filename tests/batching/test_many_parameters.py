@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 import symkern as sk
 from symkern.batching import build, packing
 from symkern.batching import kernel as kernel_module
-from symkern.batching.packing import PACK_ARRAYS_FROM_LEAVES, PACK_FROM_LEAVES, PackedParameters
+from symkern.batching.packing import (
+    OPAQUE_ABOVE_LEAVES,
+    PACK_ARRAYS_FROM_LEAVES,
+    PACK_FROM_LEAVES,
+    PackedParameters,
+)
 from symkern.codegen import passes
 from symkern.codegen.packed_sums import PACKED_SUM_MIN_TERMS, sum_packed_parameters
 from symkern.errors import ArgumentError
@@ -310,6 +315,43 @@ def test_gradients_keep_the_tree_and_match_the_unpacked_kernel():
         np.testing.assert_allclose(got[key], want, rtol=1e-10)
     np.testing.assert_allclose(jax.jit(lambda ps: packed(X, ps))(values), _expected(values),
                                rtol=1e-12)
+
+
+def _batch_fusion_operands(hlo: str, batch: int) -> list[int]:
+    """Operands of each fusion over the batch in the ENTRY of an optimized HLO module."""
+    entry = hlo[hlo.index("ENTRY"):]
+    return [len(re.findall(r"%[\w.\-]+", call)) for call in re.findall(
+        rf"= f\d+\[{batch}[^\n]*? fusion\(([^)]*)\)", entry)]
+
+
+@pytest.mark.parametrize("count", [OPAQUE_ABOVE_LEAVES, OPAQUE_ABOVE_LEAVES + 1, 200])
+def test_leaves_packed_inside_a_callers_trace_reach_the_fusion_as_one_buffer(count):
+    """Under a caller's `jax.jit` the leaves are the executable's own arguments; packed and
+    sliced back, XLA folds every slice to its scalar argument, and a loop fusion taking one
+    operand per parameter compiled 10x slower (2,000 parameters, 10^4 operations). Above
+    OPAQUE_ABOVE_LEAVES the packed buffer stays one operand, as in the kernel's own call;
+    up to it the scalars are folded in (faster on small trees)."""
+    batch = 64
+    symbols = [sp.Symbol(f"p{i}") for i in range(count)]
+    kernel = sk.build_function(sum(s * sp.sin((i + 1) * x) for i, s in enumerate(symbols)),
+                               [x], params={f"p{i}": s for i, s in enumerate(symbols)})
+    assert kernel.packs_parameters
+    values = {f"p{i}": 0.01 * i - 0.5 for i in range(count)}
+    data = np.linspace(-1.0, 1.0, batch).reshape(batch, 1)
+    jitted = jax.jit(lambda d, ps: kernel(d, ps))
+    operands = _batch_fusion_operands(jitted.lower(data, values).compile().as_text(), batch)
+    assert operands, "no loop fusion over the batch"
+    if count > OPAQUE_ABOVE_LEAVES:
+        assert max(operands) < 10, operands
+    else:
+        assert max(operands) > count, operands
+    want = sum(v * np.sin((i + 1) * data[:, 0]) for i, v in enumerate(values.values()))
+    np.testing.assert_allclose(jitted(data, values), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(kernel(data, values), want, rtol=1e-12, atol=1e-12)
+    grads = jax.jit(jax.grad(lambda ps: jnp.sum(kernel(data, ps))))(values)
+    for i, key in enumerate(values):
+        np.testing.assert_allclose(grads[key], np.sum(np.sin((i + 1) * data[:, 0])),
+                                   rtol=1e-10, atol=1e-12)
 
 
 def test_vmap_over_packed_parameters_folds_and_matches_a_loop(thousand):
