@@ -50,22 +50,31 @@ def tree_stack(entries: list, jnp) -> object:
     return level[0].reshape(entries[0].shape[0], -1)[:, :m]
 
 
-def measure(name: str, dtype: str, batch: int, rounds: int) -> str:
-    """One workload's variants, interleaved: a line of ms a call (fusions/concatenates)."""
+def built(name: str, dtype: str, batch: int) -> tuple:
+    """A workload's kernel program, its const args, a batch of data and the parameter
+    leaves, on the device: `(program, consts, X, leaves)`."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import workloads
-    from jax import lax
 
     import symkern as sk
 
     wl = workloads.build(name)
     kernel = sk.build_function(wl.eqs, wl.inputs, params=wl.params, dtype=dtype)
-    program, consts = kernel.program, tuple(kernel.const_values)
     X = jax.device_put(wl.sample(batch).astype(dtype))
     leaves = tuple(jax.device_put(np.asarray(v, dtype))
                    for v in jax.tree_util.tree_leaves(wl.param_values))
+    return kernel.program, tuple(kernel.const_values), X, leaves
+
+
+def measure(name: str, dtype: str, batch: int, rounds: int) -> str:
+    """One workload's variants, interleaved: a line of ms a call (fusions/concatenates)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    program, consts, X, leaves = built(name, dtype, batch)
 
     def entries(data, parameters):
         return list(program.entries(consts, (data,), parameters))
