@@ -42,7 +42,7 @@ PACK_FROM_LEAVES = 4
 #: 1,024: 3.48 / 2.93 ms, 0.65 / 1.13 ms, first call 14.7 / 3.8 s (Chain(Dense(2, 2)…)
 #: networks of 4-32 leaves also ran 10-40 % slower packed)
 PACK_ARRAYS_FROM_LEAVES = 1024
-#: leaves packed inside a trace (a caller's `jax.jit`, `jax.grad`) from more than this many on
+#: leaves packed inside a trace (a caller's `jax.jit`, `jax.grad`), above this many of them,
 #: reach XLA as one opaque buffer (`lax.optimization_barrier`): otherwise XLA folds each slice
 #: of their concatenation to the leaf, the executable's own argument, and a loop fusion takes
 #: one operand per parameter read. `jax.jit` around the 10^4-operation random shape with
