@@ -15,16 +15,14 @@ times single elementwise operations over 409,600 elements the same way instead.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from one_pass import built  # noqa: E402  (the same kernel inputs)
+from one_pass import built, interleaved_ms  # noqa: E402  (the same inputs and timing)
 
 DEFAULT = ("pendulum:float64,pendulum:float32,nlink-2:float64,nlink-2:float32,"
            "nlink-2-nonconstant:float64,nlink-4:float64,nlink-fixed-2:float64,"
@@ -51,13 +49,7 @@ def measure(name: str, dtype: str, batch: int, rounds: int) -> str:
                          jax.tree_util.tree_leaves(compiled["older"](X, leaves)), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tolerance,
                                    atol=tolerance)
-    times: dict[str, list[float]] = {label: [] for label in compiled}
-    for _ in range(rounds):
-        for label, executable in compiled.items():
-            began = time.perf_counter()
-            jax.block_until_ready(executable(X, leaves))
-            times[label].append(time.perf_counter() - began)
-    ms = {label: statistics.median(t) * 1e3 for label, t in times.items()}
+    ms = interleaved_ms(compiled, (X, leaves), rounds)
     cells = "  ".join(f"{label} {ms[label]:.2f} ({fusions[label]})" for label in compiled)
     return f"  {name} {dtype}: {cells}  older/default {ms['older'] / ms['default']:.2f}"
 
@@ -78,13 +70,7 @@ def operations(dtype: str, rounds: int) -> list[str]:
     for name, f in cases.items():
         compiled = {label: jax.jit(f, compiler_options=options).lower(x).compile()
                     for label, options in EMITTERS.items()}
-        times: dict[str, list[float]] = {label: [] for label in compiled}
-        for _ in range(rounds):
-            for label, executable in compiled.items():
-                began = time.perf_counter()
-                jax.block_until_ready(executable(x))
-                times[label].append(time.perf_counter() - began)
-        ms = {label: statistics.median(t) * 1e3 for label, t in times.items()}
+        ms = interleaved_ms(compiled, (x,), rounds)
         lines.append(f"  {name} {dtype}: default {ms['default']:.3f}  older {ms['older']:.3f}"
                      f"  older/default {ms['older'] / ms['default']:.2f}")
     return lines

@@ -67,6 +67,20 @@ def built(name: str, dtype: str, batch: int) -> tuple:
     return kernel.program, tuple(kernel.const_values), X, leaves
 
 
+def interleaved_ms(functions: dict, arguments: tuple, rounds: int) -> dict[str, float]:
+    """Each of `functions` called on `arguments` in turn for `rounds` rounds: label -> median
+    ms a call."""
+    import jax
+
+    times: dict[str, list[float]] = {label: [] for label in functions}
+    for _ in range(rounds):
+        for label, f in functions.items():
+            began = time.perf_counter()
+            jax.block_until_ready(f(*arguments))
+            times[label].append(time.perf_counter() - began)
+    return {label: statistics.median(t) * 1e3 for label, t in times.items()}
+
+
 def measure(name: str, dtype: str, batch: int, rounds: int) -> str:
     """One workload's variants, interleaved: a line of ms a call (fusions/concatenates)."""
     import jax
@@ -104,13 +118,8 @@ def measure(name: str, dtype: str, batch: int, rounds: int) -> str:
         text = f.lower(X, leaves).compile().as_text()
         body = text[text.index("ENTRY"):]
         shapes[key] = (body.count(" fusion("), len(re.findall(r"= \S+ concatenate\(", body)))
-    times = {key: [] for key in jitted}
-    for _ in range(rounds):
-        for key, f in jitted.items():
-            began = time.perf_counter()
-            jax.block_until_ready(f(X, leaves))
-            times[key].append(time.perf_counter() - began)
-    cells = "  ".join(f"{key} {statistics.median(times[key]) * 1e3:.2f} ({shapes[key][0]}/"
+    ms = interleaved_ms(jitted, (X, leaves), rounds)
+    cells = "  ".join(f"{key} {ms[key]:.2f} ({shapes[key][0]}/"
                       f"{shapes[key][1]})" for key in jitted)
     return f"  {name} {dtype}: {cells}"
 

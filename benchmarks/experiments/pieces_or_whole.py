@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import workloads  # noqa: E402
+from one_pass import interleaved_ms  # noqa: E402
 
 
 def batch_fusions(hlo: str, batch: int) -> tuple[int, int, int]:
@@ -121,14 +121,8 @@ def measure(name: str, batch: int, rounds: int, whole_first: bool,
             result[f"{label}_compile_s"] = seconds
             result[f"{label}_fusions"] = batch_fusions(executable.as_text(), batch)
             calls[label] = lambda e=executable, a=arguments: e(*a)
-    times: dict[str, list[float]] = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label, call in calls.items():
-            start = time.perf_counter()
-            jax.block_until_ready(call())
-            times[label].append(time.perf_counter() - start)
-    for label in calls:
-        result[f"{label}_msamples_s"] = round(batch / statistics.median(times[label]) / 1e6, 3)
+    for label, ms in interleaved_ms(calls, (), rounds).items():
+        result[f"{label}_msamples_s"] = round(batch / ms / 1e3, 3)
     return result
 
 
