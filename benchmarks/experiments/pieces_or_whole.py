@@ -116,10 +116,13 @@ def measure(name: str, batch: int, rounds: int, whole_first: bool,
     result["traced_fusions"] = batch_fusions(compiled.as_text(), batch)
     kernels["traced"] = compiled
     calls = {label: (lambda k=kernel: k(X, ps)) for label, kernel in kernels.items()}
-    if with_boundaries:
+    if with_boundaries and pieces.form != "pieces":
+        result["boundaries"] = f"none: split=True built a {pieces.form} kernel"
+    elif with_boundaries:
         for label, (executable, arguments, seconds) in boundaries(pieces, X, ps).items():
             result[f"{label}_compile_s"] = seconds
-            result[f"{label}_fusions"] = batch_fusions(executable.as_text(), batch)
+            if label != "cond":  # the cond form's fusions are in its branches, not the ENTRY
+                result[f"{label}_fusions"] = batch_fusions(executable.as_text(), batch)
             calls[label] = lambda e=executable, a=arguments: e(*a)
     for label, ms in interleaved_ms(calls, (), rounds).items():
         result[f"{label}_msamples_s"] = round(batch / ms / 1e3, 3)
