@@ -386,6 +386,34 @@ def test_bind_flat_shard_stream_export_and_a_prepacked_tree_agree(thousand):
     np.testing.assert_allclose(thousand(X, jax.device_put(prepacked)), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("count", [OPAQUE_ABOVE_LEAVES, OPAQUE_ABOVE_LEAVES + 1])
+def test_every_call_path_agrees_on_both_sides_of_OPAQUE_ABOVE_LEAVES(count):
+    kernel, _ = _sum_kernel(count)
+    values = _values(count)
+    device = {key: jnp.asarray(value) for key, value in values.items()}
+    want = _expected(values)
+    for ps in (values, device):
+        np.testing.assert_allclose(kernel(X, ps), want, rtol=1e-12)
+        np.testing.assert_allclose(jax.jit(lambda d, p: kernel(d, p))(X, ps), want, rtol=1e-12)
+    doubled = {key: 2 * value for key, value in values.items()}
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.array(v), values, doubled)
+    mapped = jax.jit(jax.vmap(lambda p: kernel(X, p)))(stacked)
+    for row, tree in zip(mapped, (values, doubled), strict=True):
+        np.testing.assert_allclose(row, _expected(tree), rtol=1e-12)
+    weights = X[:, 0] + 2.0
+    grads = jax.grad(lambda p: jnp.sum(weights * kernel(X, p)))(device)
+    for key in values:
+        expected = np.sum(weights * (X[:, 0] + (np.sin(X[:, 0]) if key == "p0" else 0.0)))
+        np.testing.assert_allclose(grads[key], expected, rtol=1e-10)
+    np.testing.assert_allclose(kernel.bind(values)(X), want, rtol=1e-12)
+    np.testing.assert_allclose(kernel.flat()(X, kernel.flatten(values)), want, rtol=1e-12)
+    np.testing.assert_allclose(kernel.shard()(X, values), want, rtol=1e-12)
+    streamed = np.concatenate(list(kernel.stream(X, values, chunk=5, progress=False)))
+    np.testing.assert_allclose(streamed, want, rtol=1e-12)
+    loaded = sk.load(kernel.export(X, values), kernel.const_args)
+    np.testing.assert_allclose(loaded(X, values), want, rtol=1e-12)
+
+
 def test_an_exported_packing_kernel_loads_and_takes_the_tree():
     kernel, _ = _sum_kernel(40)
     values = _values(40)
