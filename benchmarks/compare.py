@@ -9,7 +9,8 @@ Usage::
 Tools (each used the way its own documentation shows):
 
 - ``symkern``: ``build_function(eqs, inputs, params=..., functions=..., dtype="float32")``;
-  ``symkern-f64`` the same with ``dtype="float64"`` (its process runs with jax_enable_x64).
+  ``symkern-f64`` the same with ``dtype="float64"`` (its process runs with jax_enable_x64);
+  ``symkern-c`` and ``symkern-c-f64`` the same with ``BuildOptions(cpu_loop="c")`` (a C loop).
 - ``symkern-nn``: networks only, what symkern's documentation has a network's user call:
   ``build_nn_function(snn.output, snn)`` (Jacobian: ``build_nn_function(jacobian(snn.output,
   snn.input), snn)``) for ``snn = SymbolicNetwork(net)`` — an array program when a layer
@@ -80,7 +81,8 @@ from peers import PEER_ADAPTERS, PEER_MODULES  # noqa: E402
 TOOLS = ["symkern", "symkern-nn", "lambdify-numpy", "lambdify-jax", "symengine", "sympy2jax",
          "jax-hand"]
 #: the tools of the --peers profile: symkern in both dtypes, the float64 reference, the peers
-PEER_TOOLS = ["symkern", "symkern-f64", "lambdify-numpy", *PEER_ADAPTERS]
+PEER_TOOLS = ["symkern", "symkern-f64", "symkern-c", "symkern-c-f64", "lambdify-numpy",
+              *PEER_ADAPTERS]
 #: which Python modules each optional tool needs.
 OPTIONAL = {"symengine": ("symengine",), "sympy2jax": ("sympy2jax",), **PEER_MODULES}
 
@@ -147,6 +149,8 @@ def _as_columns(out: Any, n: int) -> np.ndarray:
 
 class SymkernTool:
     jax, dtype, x64 = True, "float32", False
+    #: BuildOptions(cpu_loop=...): "xla" (the default) or "c" (a C loop, `symkern-c` tools)
+    cpu_loop = "xla"
 
     def __init__(self, wl: Any) -> None:
         self.wl = wl
@@ -156,7 +160,8 @@ class SymkernTool:
 
         functions = {k: jax_impl for k, (jax_impl, _) in self.wl.functions.items()} or None
         self.kernel = sk.build_function(self.wl.eqs, self.wl.inputs, params=self.wl.params,
-                                        functions=functions, dtype=self.dtype)
+                                        functions=functions, dtype=self.dtype,
+                                        options=sk.BuildOptions(cpu_loop=self.cpu_loop))
 
     def prepare(self, X: np.ndarray) -> Any:
         import jax
@@ -205,6 +210,18 @@ class SymkernTool64(SymkernTool):
         import jax
 
         return jax.tree_util.tree_map(lambda v: jax.device_put(np.asarray(v, np.float64)), tree)
+
+
+class SymkernCTool(SymkernTool):
+    """symkern with `BuildOptions(cpu_loop="c")`: each call one C loop over the batch."""
+
+    cpu_loop = "c"
+
+
+class SymkernCTool64(SymkernTool64):
+    """`symkern-c` in float64."""
+
+    cpu_loop = "c"
 
 
 class SymkernNetworkTool(SymkernTool):
@@ -414,7 +431,8 @@ class JaxHandTool(_JittedBatchTool):
 
 
 
-ADAPTERS = {"symkern": SymkernTool, "symkern-f64": SymkernTool64, "symkern-nn": SymkernNetworkTool,
+ADAPTERS = {"symkern": SymkernTool, "symkern-f64": SymkernTool64, "symkern-c": SymkernCTool,
+            "symkern-c-f64": SymkernCTool64, "symkern-nn": SymkernNetworkTool,
             "lambdify-numpy": LambdifyNumpyTool, "lambdify-jax": LambdifyJaxTool,
             "symengine": SymengineTool, "sympy2jax": Sympy2JaxTool, "jax-hand": JaxHandTool,
             **PEER_ADAPTERS}
@@ -818,7 +836,10 @@ def same_dtype_ratios(report: dict) -> dict:
                 symkern, best = max(ours, key=ours.get), max(others, key=others.get)
                 rows[dtype] = {"symkern": symkern, "symkern_throughput": ours[symkern],
                                "best_peer": best, "best_peer_throughput": others[best],
-                               "ratio": round(ours[symkern] / others[best], 3)}
+                               "ratio": round(ours[symkern] / others[best], 3),
+                               # each of symkern's forms (the default, cpu_loop="c") apart
+                               "ratios": {t: round(v / others[best], 3)
+                                          for t, v in sorted(ours.items())}}
         if rows:
             out[name] = rows
     return out

@@ -50,6 +50,23 @@ def test_peer_computes_the_reference_entries(tool: str, tiny: tuple) -> None:
     assert np.allclose(one[0], ref[0], rtol=TOLERANCE[adapter.dtype] * 10, atol=1e-6), tool
 
 
+def test_symkern_c_loop_tool_computes_the_reference_entries(tiny: tuple) -> None:
+    """`symkern-c`: the kernel with BuildOptions(cpu_loop="c") (needs a C++ compiler)."""
+    import compare
+
+    from symkern.kernels.c_loop import compiler
+
+    if compiler() is None:
+        pytest.skip("cpu_loop='c' needs a C++ compiler")
+    wl, X, ref = tiny
+    adapter = compare.ADAPTERS["symkern-c"](wl)
+    adapter.build()
+    assert adapter.kernel.options.cpu_loop == "c" and "for (int64_t i" in adapter.kernel.source
+    got = adapter.entries(adapter.call(adapter.prepare(X), adapter.params(wl.param_values)),
+                          X.shape[0])
+    assert compare._rel_error(got, ref) < TOLERANCE["float32"]
+
+
 def test_batch_loop_source_moves_lambdify_body_into_a_prange_loop() -> None:
     import peers
 

@@ -18,7 +18,7 @@ from symkern.batching.build import resolve_dtype
 from symkern.batching.program import KernelSignature
 from symkern.batching.structured import StructuredKernel, array_program_kernel
 from symkern.codegen.arrays import ArrayLeaf, array_leaf, generate_arrays, needs_array_program
-from symkern.codegen.passes import BuildOptions, refuse_unbatched_outputs
+from symkern.codegen.passes import BuildOptions, refuse_c_loop_option, refuse_unbatched_outputs
 from symkern.errors import BuildError
 from symkern.kernels.constants import origin_of
 from symkern.symbolic.arguments import (
@@ -129,6 +129,7 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
     resolved_dtype = resolve_dtype(options.dtype, imaginary)
     chosen = options.resolved(resolved_dtype)
     refuse_unbatched_outputs(chosen, "a kernel of matrix expressions")
+    refuse_c_loop_option(chosen, "a kernel of matrix expressions")
     start = time.perf_counter()
     data = [_matrix_symbol_spec(arg, f"x{k + 1}", (), vector_rows=True)
             if isinstance(arg, sp.MatrixSymbol) else data_argument(arg, k + 1)

@@ -259,6 +259,17 @@ def build_function(
                                 params is not None)
     program = ScalarProgram(generated, function, signature, equations,
                             tuple(c.value for c in const_args))
+    if chosen.cpu_loop == "c":
+        from symkern.batching.c_loop import c_loop_program
+
+        start_loop = time.perf_counter()
+        program = c_loop_program(program, const_count=len(const_args),
+                                 functions=bool(namespace_functions), backend=context.backend)
+        # the loop writes each equation whole: no pieces, nothing to assemble apart
+        pieces = None
+        program.generated = dataclasses.replace(generated, assembly="fused")
+        timings["c_loop"] = time.perf_counter() - start_loop
+        timings["build"] += timings["c_loop"]
     return Kernel(program, timings, tuple(const_args), progress, pieces, chosen)
 
 

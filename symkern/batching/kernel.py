@@ -235,8 +235,10 @@ class Kernel:
     # ---- what each stage produced -------------------------------------------------------
     @property
     def source(self) -> str:
-        """The kernel's code after every rewrite rule (stage 2), as astor prints it."""
-        return self._generated.source
+        """The kernel's code after every rewrite rule (stage 2), as astor prints it; with
+        `cpu_loop="c"`, the C++ loop its calls run (the XLA program's code, which its
+        derivatives run: `kernel.program.portable.source`)."""
+        return self.program.source
 
     @property
     def upstream_source(self) -> str:
@@ -586,12 +588,14 @@ class Kernel:
         (`decide_assembly`); this measures instead, on the caller's say-so, and returns what
         it measured (also kept as `kernel.tuned`). A choice that changes recompiles each
         batch shape once, in the chosen form. Returns without measuring when the kernel has
-        nothing to assemble or runs as pieces.
+        nothing to assemble, runs as pieces, or runs a C loop (`cpu_loop="c"`, which writes
+        each equation whole).
         """
         args = self._packed_arguments(args)
         prepared = self.prepare(args)
         batch_shape = self._batch_shape_of(prepared[1])
-        if not self._needs_assembly or self._pieces is not None:
+        if (not self._needs_assembly or self._pieces is not None
+                or self.options.cpu_loop != "xla"):
             return {"batch": math.prod(batch_shape), "assembly": self.assembly, "rounds": 0}
         raw = args if prepared[1] else None
         runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),
@@ -697,7 +701,7 @@ class Kernel:
               if self.signature.has_parameters else None)
         treedef = self.signature.parameter_treedef
 
-        program = self.program
+        program = self.program.portable  # an FFI target lives in this process only
 
         def run(const_args: tuple, data: tuple, ps: Any) -> Any:
             leaves = treedef.flatten_up_to(ps) if ps is not None else ()

@@ -117,6 +117,17 @@ class ScalarProgram:
     def dtype(self) -> np.dtype:
         return self.signature.dtype
 
+    @property
+    def source(self) -> str:
+        """The code the program's calls run: the generated function's, after every pass."""
+        return self.generated.source
+
+    @property
+    def portable(self) -> ScalarProgram:
+        """This program as the exported and sharded forms run it (symkern.batching.c_loop's
+        runs its calls elsewhere)."""
+        return self
+
     @functools.cached_property
     def entry_dtypes(self) -> tuple[np.dtype, ...]:
         """Each entry's dtype: in a real kernel `entry_dtypes`' (bool for conditions, the

@@ -64,7 +64,7 @@ class ShardedKernel:
         # executable, or the entries and then their assembly, so that a sharded sample
         # gets the kernel's value.
         # An unbatched equation (constant_outputs="unbatched") is replicated.
-        program = kernel.program
+        program = kernel.program.portable  # a custom call is not split over devices
         self.program = program
         arguments = (self.replicated, self.batch_sharding, self.replicated)
         leaves = jax.tree_util.tree_unflatten(

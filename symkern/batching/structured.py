@@ -17,7 +17,7 @@ import sympy as sp
 from symkern.batching.build import UNSET, build_options, resolve_dtype
 from symkern.batching.kernel import Kernel
 from symkern.batching.program import KernelSignature, StructuredProgram
-from symkern.codegen.passes import FUSED, BuildOptions, refuse_unbatched_outputs
+from symkern.codegen.passes import FUSED, BuildOptions, refuse_c_loop_option, refuse_unbatched_outputs
 from symkern.codegen.rules import HoistedLiteral
 from symkern.codegen.structured import StructuredCode, StructuredLayout, generate_structured
 from symkern.collector import collection_paused
@@ -149,6 +149,7 @@ def build_structured_function(
     resolved_dtype = resolve_dtype(chosen.dtype)
     chosen = chosen.resolved(resolved_dtype)
     refuse_unbatched_outputs(chosen, "a structured network's array program")
+    refuse_c_loop_option(chosen, "a structured network's array program")
     start = time.perf_counter()
     data = [data_argument(arg, k + 1) for k, arg in enumerate((snn.input, *more_data))]
     parameters, treedef = _network_parameter_specs(snn, params)

@@ -71,6 +71,17 @@ TRIG_CHOICES = ("polynomial", "library")
 #: an output that reads no data: "broadcast" to the batch (the default), or returned
 #: "unbatched", shaped like the equation alone (`jnp.broadcast_to` makes the default of it)
 CONSTANT_OUTPUTS = ("broadcast", "unbatched")
+#: how a kernel's calls run on the CPU: "xla", its XLA program (the default), or "c", one C++
+#: loop over the batch (symkern.codegen.c_loop, symkern.batching.c_loop)
+CPU_LOOPS = ("xla", "c")
+
+
+def refuse_c_loop_option(options: BuildOptions, kernel: str) -> None:
+    """A BuildError for `cpu_loop="c"` in a build whose program works on whole arrays
+    (`kernel` names it): the C loop prints scalar equations only."""
+    if options.cpu_loop != "xla":
+        raise BuildError(f"cpu_loop: {options.cpu_loop!r} applies to scalar equations "
+                         f"(build_function's); {kernel} computes whole arrays; leave it out")
 
 
 def refuse_unbatched_outputs(options: BuildOptions, kernel: str) -> None:
@@ -134,6 +145,9 @@ class BuildOptions:
     - `dtype`: the kernel's floating dtype, by name (None: JAX's default float).
     - `tile_chunk`: a structured kernel's samples per tile (None: decided from its arrays),
       an interpreted one's (None: interpret.TILE).
+    - `cpu_loop`: "xla" (the kernel's XLA program) or "c": on the CPU, calls run one C++
+      loop over the batch, compiled at build time (symkern.codegen.c_loop; needs a C++
+      compiler); derivatives, export and shard run the XLA program (CPU_LOOPS).
     - `constant_outputs`: "broadcast" (every output shaped `batch + its shape`) or
       "unbatched": an output none of whose entries reads a data argument comes back with its
       own shape only, as lambdify returns it (CONSTANT_OUTPUTS; docs/guide.md).
@@ -151,6 +165,7 @@ class BuildOptions:
     dtype: str | None = None
     tile_chunk: int | None = None
     constant_outputs: str = "broadcast"
+    cpu_loop: str = "xla"
 
     def __post_init__(self) -> None:
         for name in ("cse", "split", "contract", "materialize"):
@@ -169,6 +184,8 @@ class BuildOptions:
                 or self.embed_max_bytes < 0):
             raise BuildError("embed_max_bytes: expected a non-negative int, "
                              f"got {self.embed_max_bytes!r}")
+        if self.cpu_loop not in CPU_LOOPS:
+            raise BuildError(f"cpu_loop: expected one of {CPU_LOOPS}, got {self.cpu_loop!r}")
         if self.constant_outputs not in CONSTANT_OUTPUTS:
             raise BuildError(f"constant_outputs: expected one of {CONSTANT_OUTPUTS}, "
                              f"got {self.constant_outputs!r}")

@@ -38,6 +38,16 @@ def available_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+#: the count set_cpu_threads started the backend with (None: every core of the mask)
+_configured: int | None = None
+
+
+def cpu_threads() -> int:
+    """How many threads CPU kernels run on: set_cpu_threads' count, else every core the
+    process may run on."""
+    return _configured if _configured is not None else len(available_cores())
+
+
 def set_cpu_threads(n: int) -> None:
     """Run XLA's CPU kernels on `n` threads, pinned to the first `n` cores of this process's
     affinity mask. Call it before the first JAX computation of the process (the pool is
@@ -58,9 +68,11 @@ def set_cpu_threads(n: int) -> None:
         raise BuildError("set_cpu_threads: JAX's backend has already started, and its CPU "
                          "thread pool was sized then; call set_cpu_threads before the first "
                          f"JAX computation (or start the process under `taskset -c 0-{n - 1}`)")
+    global _configured
     whole = set(cores)
     os.sched_setaffinity(0, set(cores[:n]))
     try:
         jax.devices("cpu")
+        _configured = n
     finally:
         os.sched_setaffinity(0, whole)

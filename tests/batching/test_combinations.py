@@ -4,11 +4,14 @@ The forms are the pipeline's (symkern.codegen.passes.FORMS and the polynomial si
 scalar (with and without const args, with parameters and two data arguments), contracted,
 tiled, vectorized, pieces, structured, the array program of a matrix expression, parameters
 packed in one buffer (both sides of batching.packing.PACK_FROM_LEAVES: the scalar form's two
-parameters, the packed form's five), and the interpreter's instruction table (with two data
-arguments, and with packed parameters). The batch shapes sit on both sides of each size the
-kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the tiles of 4,096 and the interpreter's
-1,024) and include `()` and a 2-D batch. The call paths are eager, `jax.jit`, `jax.vmap`,
-`jax.grad` with respect to data and parameters, bind, flat, shard, stream and export/load.
+parameters, the packed form's five), the interpreter's instruction table (with two data
+arguments, and with packed parameters), and the C loop of `BuildOptions(cpu_loop="c")` (in
+both dtypes, and with packed parameters; skipped without a C++ compiler). The batch shapes
+sit on both sides of each size the kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the
+tiles of 4,096, the interpreter's 1,024 and the C loop's two threads, built here to take at
+least 32 samples each) and include `()` and a 2-D batch. The call paths are eager,
+`jax.jit`, `jax.vmap`, `jax.grad` with respect to data and parameters, bind, flat, shard,
+stream and export/load.
 Each result is compared with an independent float64 reference: the same equations written by
 hand in `jax.numpy` (a network too), differentiated by `jax.grad`.
 
@@ -18,8 +21,9 @@ eagerly; `SYMKERN_SLOW=1` (`make test-all`) runs the whole matrix.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +36,7 @@ import sympy as sp
 import symkern as sk
 from symkern.batching.packing import PACK_FROM_LEAVES
 from symkern.codegen import passes
+from symkern.kernels import c_loop as c_loops
 
 SLOW = bool(os.environ.get("SYMKERN_SLOW"))
 BATCHES: tuple[tuple[int, ...], ...] = (
@@ -48,6 +53,8 @@ EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
 for _form in ("interpreted", "interpreted-packed"):  # both sides of a tile of 1,024
     EAGER_BATCHES[_form] = ((), (1,), (1023,), (1024,), (1025,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
+for _form in ("c-loop", "c-loop-float32", "c-loop-packed"):  # both sides of two threads
+    EAGER_BATCHES[_form] = ((), (1,), (63,), (64,), (65,), (4097,), (3, 5))
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
          "export")
 
@@ -79,13 +86,35 @@ def _uniform(shape: tuple[int, ...], width: int | None, seed: int, scale: float 
     return np.random.default_rng(seed + sum(shape)).uniform(-scale, scale, full)
 
 
-def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = False) -> Case:
+#: the fewest samples a thread of a `cpu_loop="c"` kernel takes in these cases: the batches
+#: of 63-65 sit on both sides of two threads (kernels otherwise take symkern.kernels.c_loop.GRAIN)
+C_LOOP_GRAIN = 32
+
+
+@contextlib.contextmanager
+def c_loop_grain(cpu_loop: str) -> Iterator[None]:
+    """Builds inside run a `cpu_loop="c"` kernel with threads of C_LOOP_GRAIN samples; the
+    case is skipped where there is no C++ compiler."""
+    if cpu_loop != "c":
+        yield
+        return
+    if c_loops.compiler() is None:
+        pytest.skip("cpu_loop='c' needs a C++ compiler")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(c_loops, "GRAIN", C_LOOP_GRAIN)
+        yield
+
+
+def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = False,
+                 cpu_loop: str = "xla") -> Case:
     extra = lookup(x0) if const else sp.Integer(0)
     eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
            "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c}
     functions = {"lookup": _lookup_jax} if const else None
-    kernel = sk.build_function(eqs, [x0, x1], y, params={"a": a, "c": c}, dtype=dtype,
-                               functions=functions, options=sk.BuildOptions(interpret=interpret))
+    with c_loop_grain(cpu_loop):
+        kernel = sk.build_function(eqs, [x0, x1], y, params={"a": a, "c": c}, dtype=dtype,
+                                   functions=functions,
+                                   options=sk.BuildOptions(interpret=interpret, cpu_loop=cpu_loop))
     assert (kernel.form == "interpreted") == interpret, kernel.form
     if const:
         assert kernel.const_args, "the table is a const arg"
@@ -200,13 +229,16 @@ def hnn_case(hidden: int, dtype: str = "float64") -> Case:
                 1e-10 if dtype == "float64" else 2e-5)
 
 
-def _packed_case(interpret: bool = False) -> Case:
+def _packed_case(interpret: bool = False, cpu_loop: str = "xla") -> Case:
     """Five scalar parameters: past PACK_FROM_LEAVES, every executable takes them as one
     buffer (the scalar form's two parameters stay separate arguments)."""
     d, e, f = sp.symbols("d e f")
     eqs = sp.Matrix([sp.sin(x0) * a + x1 * d, sp.cos(x1) * c - e * x0 ** 2 + f])
-    kernel = sk.build_function(eqs, [x0, x1], params={"a": a, "c": c, "d": d, "e": e, "f": f},
-                               dtype="float64", options=sk.BuildOptions(interpret=interpret))
+    with c_loop_grain(cpu_loop):
+        kernel = sk.build_function(eqs, [x0, x1],
+                                   params={"a": a, "c": c, "d": d, "e": e, "f": f},
+                                   dtype="float64",
+                                   options=sk.BuildOptions(interpret=interpret, cpu_loop=cpu_loop))
     assert kernel.packs_parameters and len({"a", "c", "d", "e", "f"}) >= PACK_FROM_LEAVES
     assert (kernel.form == "interpreted") == interpret, kernel.form
 
@@ -256,6 +288,10 @@ FORMS: dict[str, Callable[[], Case]] = {
     # the instruction table (symkern.codegen.interpret), its scalars and packed parameters
     "interpreted": lambda: _scalar_case(interpret=True),
     "interpreted-packed": lambda: _packed_case(interpret=True),
+    # one C loop over the batch (BuildOptions(cpu_loop="c"), threads of C_LOOP_GRAIN samples)
+    "c-loop": lambda: _scalar_case(cpu_loop="c"),
+    "c-loop-float32": lambda: _scalar_case("float32", cpu_loop="c"),
+    "c-loop-packed": lambda: _packed_case(cpu_loop="c"),
 }
 _BUILT: dict[str, Case] = {}
 

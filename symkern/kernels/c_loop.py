@@ -1,0 +1,130 @@
+"""kernels: a printed C loop (symkern.codegen.c_loop) compiled, registered with XLA's FFI, and
+called from a JAX program.
+
+Imports jax, numpy, symkern.codegen.c_loop, symkern.errors and symkern.kernels.threads.
+
+`compile_loop` writes the source into a directory this process created (mode 0700; removed
+once the library is loaded, and at exit), compiles it with the C++ compiler (`$CXX`, else
+`g++`, else `c++`) against the FFI headers jaxlib ships (`jax.ffi.include_dir()`), loads the
+library and registers its handler as an FFI target named after the source's digest; a
+source compiled once is not compiled again in the process. Nothing is read back from a file this process did not write in that call.
+`call_loop` is the `jax.ffi.ffi_call` of it: one custom call in the kernel's program, which
+splits the batch between `cpu_threads()` threads, each taking at least `GRAIN` samples.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from symkern.codegen.c_loop import CLoopSource
+from symkern.errors import BuildError
+from symkern.kernels.threads import cpu_threads
+
+#: the environment variable naming the C++ compiler (else g++, else c++ on the PATH)
+COMPILER_ENV = "CXX"
+#: -ffp-contract=off: no fused multiply-adds, so a sample's value does not depend on whether
+#: the compiler vectorized the iteration it fell in; -fno-math-errno: the C library's
+#: functions may be inlined (sqrt) since errno is never read
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-std=c++17",
+         "-shared", "-fPIC", "-w")
+#: the fewest samples a thread of the loop takes, so a batch below twice this runs on the
+#: calling thread alone: starting and joining a second thread cost 50-70 us, and two threads
+#: ran the pendulum and nlink-2 (float64) 0.87-0.96x one thread's speed at 8,192 samples and
+#: 1.16-1.64x at 16,384 (docs/design/cpu-throughput.md, "A C loop per sample")
+GRAIN = 8192
+#: seconds a compilation may take
+COMPILE_TIMEOUT = 600
+
+_lock = threading.Lock()
+_targets: dict[str, str] = {}
+_libraries: list[Any] = []  # loaded libraries stay loaded: XLA holds their handlers
+_directory: Path | None = None
+
+
+def compiler() -> str | None:
+    """The C++ compiler the loop is built with, or None when there is none."""
+    named = os.environ.get(COMPILER_ENV, "").strip()
+    if named:
+        return shutil.which(named)
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def _private_directory() -> Path:
+    global _directory
+    if _directory is None:
+        _directory = Path(tempfile.mkdtemp(prefix="symkern-c-loop-"))
+        atexit.register(shutil.rmtree, _directory, True)
+    return _directory
+
+
+def compile_loop(printed: CLoopSource) -> str:
+    """Compile and register `printed` (once per process); the FFI target's name."""
+    with _lock:
+        if printed.digest in _targets:
+            return _targets[printed.digest]
+        found = compiler()
+        if found is None:
+            raise BuildError("cpu_loop='c': no C++ compiler found (set $CXX, or install g++); "
+                             "build with the default cpu_loop='xla'")
+        directory = Path(tempfile.mkdtemp(prefix=f"{printed.digest}-", dir=_private_directory()))
+        source = directory / "loop.cc"
+        library = directory / "loop.so"
+        source.write_text(printed.source)
+        command = [found, *FLAGS, "-I", jax.ffi.include_dir(), str(source), "-o", str(library),
+                   "-lpthread"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=COMPILE_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired as error:
+            raise BuildError(f"cpu_loop='c': {found} took over {COMPILE_TIMEOUT} s to compile "
+                             "the loop; build with the default cpu_loop='xla'") from error
+        if done.returncode != 0:
+            raise BuildError(f"cpu_loop='c': {found} failed on the generated loop "
+                             f"({source}):\n{done.stderr[-2000:]}")
+        loaded = ctypes.cdll.LoadLibrary(str(library))
+        _libraries.append(loaded)
+        shutil.rmtree(directory, ignore_errors=True)  # the loaded library stays mapped
+        jax.ffi.register_ffi_target(printed.symbol, jax.ffi.pycapsule(getattr(loaded, printed.symbol)),
+                                    platform="cpu")
+        _targets[printed.digest] = printed.symbol
+        return printed.symbol
+
+
+def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[tuple],
+              parameters: Any, leaf_shapes: Sequence[tuple], batch_shape: tuple,
+              grain: int = GRAIN) -> list[Any]:
+    """The loop's results for one batch: each equation's array shaped `batch_shape + shape`.
+
+    `data`: the data arrays (batch shapes broadcasting to `batch_shape`), each sample shaped
+    as in `data_shapes`; `parameters`: every parameter value in one flat array (None without
+    parameters); `grain`: the fewest samples a thread takes.
+    """
+    dtype = np.dtype(printed.dtype)
+    samples = math.prod(batch_shape)
+    flat = [jnp.reshape(jnp.broadcast_to(jnp.asarray(array, dtype), batch_shape + tuple(shape)),
+                        (samples, size))
+            for array, shape, size in zip(data, data_shapes, printed.data_sizes, strict=True)]
+    buffer = (jnp.zeros((1,), dtype) if parameters is None
+              else jnp.reshape(jnp.asarray(parameters, dtype), (-1,)))
+    results = [jax.ShapeDtypeStruct((samples, size), dtype) for size in printed.leaf_sizes]
+    outputs = jax.ffi.ffi_call(printed.symbol, results, vmap_method="sequential")(
+        *flat, buffer, threads=np.int64(cpu_threads()), grain=np.int64(grain))
+    return [jnp.reshape(out, batch_shape + tuple(shape))
+            for out, shape in zip(outputs, leaf_shapes, strict=True)]
+
+
+__all__ = ["COMPILER_ENV", "FLAGS", "GRAIN", "call_loop", "compile_loop", "compiler"]

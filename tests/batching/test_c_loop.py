@@ -1,0 +1,171 @@
+"""`BuildOptions(cpu_loop="c")`: the kernel's batch as one C++ loop, called through XLA's FFI.
+
+The combination matrix (test_combinations.py, forms `c-loop*`) runs every call path at every
+batch shape; here: random expression trees against SymPy at 30 digits, the printer's
+special cases (powers, Piecewise, constants in float32, symbol names that are C names), the
+threads' split at the real GRAIN, what is shown, and every refusal. Skipped where there is
+no C++ compiler, except the refusals that come before the compiler is looked for.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy as sp
+from hypothesis import assume, given, note, settings
+from hypothesis import strategies as st
+from test_random_expressions import (
+    EXAMPLES,
+    SETTINGS,
+    SYMBOLS,
+    A,
+    B,
+    X,
+    _share_parameters,
+    expressions,
+    float64_evaluation,
+    reference,
+    samples,
+    within,
+)
+
+import symkern as sk
+from symkern.errors import BuildError
+from symkern.kernels import c_loop as loops
+
+C = sk.BuildOptions(cpu_loop="c")
+needs_compiler = pytest.mark.skipif(loops.compiler() is None,
+                                    reason="cpu_loop='c' needs a C++ compiler")
+x, y, p = sp.symbols("x y p")
+
+
+@needs_compiler
+@settings(SETTINGS, max_examples=max(EXAMPLES // 3, 8))
+@given(trees=st.lists(expressions(), min_size=4, max_size=4), rows=samples)
+def test_random_trees_in_one_c_loop_match_sympy_at_30_digits(trees, rows):
+    # Min and Max are refused (test_what_the_loop_cannot_compute_is_refused_by_name)
+    trees = [t for t in trees if not t.has(sp.Min, sp.Max, sp.zoo, sp.nan, sp.oo, -sp.oo)]
+    assume(trees)
+    values = _share_parameters(rows)
+    note(f"trees = {trees}")
+    kernel = sk.build_function(sp.Matrix(trees), list(X), params={"a": A, "b": B},
+                               dtype="float64", options=C)
+    got = np.asarray(kernel(values[:, :3], {"a": values[0, 3], "b": values[0, 4]}))
+    assert got.shape == (len(values), len(trees))
+    for column, tree in enumerate(trees):
+        naive = float64_evaluation(tree, values)
+        for k, row in enumerate(values):
+            want = reference(tree, tuple(row))
+            if want is None or not within(float(naive[k]), want):
+                continue  # not finite and real, or ill-conditioned at float64 (as there)
+            assert within(float(got[k, column]), want), (
+                f"{tree} at {dict(zip(map(str, SYMBOLS), row, strict=True))}: "
+                f"loop {got[k, column]!r}, SymPy {want!r}")
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_powers_piecewise_and_constants_print_as_their_values(dtype):
+    eqs = [x ** 2, x ** -3, x ** 70, y ** sp.Rational(1, 3), y ** sp.Rational(-1, 2),
+           y ** sp.Rational(2, 3), x ** y, sp.pi * x + sp.E, sp.Piecewise((x, x > 0)),
+           sp.Piecewise((x, x > 0.5), (-y, sp.And(x < 0, y > 1)), (p, True)),
+           sp.Abs(x) + sp.floor(x) + sp.ceiling(y) + sp.atan2(x, y) + sp.erf(x) + sp.gamma(y)]
+    kernel = sk.build_function(sp.Matrix(eqs), [x, y], params={"p": p}, dtype=dtype, options=C)
+    reference_kernel = sk.build_function(sp.Matrix(eqs), [x, y], params={"p": p}, dtype=dtype)
+    rng = np.random.default_rng(0)
+    data = np.stack([rng.uniform(-1.01, 1.01, 64), rng.uniform(0.5, 2.0, 64)], -1).astype(dtype)
+    got, want = kernel(data, {"p": 0.25}), reference_kernel(data, {"p": 0.25})
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want),
+                               rtol=2e-6 if dtype == "float32" else 1e-13, atol=1e-30)
+    assert np.isnan(np.asarray(got)[data[:, 0] <= 0, 8]).all()  # Piecewise with no default
+
+
+@needs_compiler
+def test_symbol_names_that_are_names_of_the_loop_are_only_symbols():
+    names = sp.symbols("x1_0 p_0 s_0 O0 P X1 i loop sk_powi")
+    entries = sp.Matrix([names[0] * names[1] + names[2], sp.sin(names[3]) * names[4],
+                         names[5] - names[6] + names[7] * names[8]])
+    data, params = list(names[:1] + names[2:4] + names[5:9]), {"p": names[1], "P": names[4]}
+    kernel = sk.build_function(entries, data, params=params, dtype="float64", options=C)
+    reference_kernel = sk.build_function(entries, data, params=params, dtype="float64")
+    values = np.random.default_rng(1).normal(size=(5, len(data)))
+    ps = {"p": 0.5, "P": -2.0}
+    np.testing.assert_allclose(kernel(values, ps), reference_kernel(values, ps), rtol=1e-14)
+
+
+@needs_compiler
+def test_a_sample_gets_the_same_bits_on_both_sides_of_two_threads():
+    eqs = sp.Matrix([sp.sin(x) * p + y ** 2, sp.exp(-x * y) / (1 + x ** 2)])
+    kernel = sk.build_function(eqs, [x, y], params={"p": p}, dtype="float64", options=C)
+    data = np.random.default_rng(2).normal(size=(2 * loops.GRAIN + 1, 2))
+    heads = [np.asarray(kernel(data[:n], {"p": 0.3}))[[0, n // 2, n - 1]]
+             for n in (2 * loops.GRAIN - 1, 2 * loops.GRAIN, 2 * loops.GRAIN + 1)]
+    whole = np.asarray(kernel(data, {"p": 0.3}))
+    for n, head in zip((2 * loops.GRAIN - 1, 2 * loops.GRAIN, 2 * loops.GRAIN + 1), heads,
+                       strict=True):
+        np.testing.assert_array_equal(head, whole[[0, n // 2, n - 1]])
+
+
+@needs_compiler
+def test_the_loop_is_what_is_shown_and_what_runs():
+    kernel = sk.build_function(sp.Matrix([sp.sin(x) * p, y]), [x, y], params={"p": p},
+                               dtype="float64", options=C)
+    data = np.ones((4, 2))
+    assert "for (int64_t i = lo; i < hi; ++i)" in kernel.source
+    assert "def kernel(" in kernel.program.portable.source
+    assert kernel.program.printed.symbol in kernel.hlo(data, {"p": 1.0})
+    assert "custom_call" in kernel.hlo(data, {"p": 1.0})
+    assert "cpu_loop='c'" in repr(kernel)
+    assert kernel.tune(data, {"p": 1.0})["rounds"] == 0  # each equation is written whole
+    # the exported program is the XLA one: it holds no custom call of this process
+    loaded = sk.load(kernel.export(data, {"p": 1.0}), kernel.const_args)
+    np.testing.assert_allclose(loaded(data, {"p": 1.0}), kernel(data, {"p": 1.0}), rtol=1e-15)
+    assert kernel.program.printed.symbol not in str(jax.make_jaxpr(
+        lambda d: loaded(d, {"p": 1.0}))(data))
+
+
+@needs_compiler
+def test_derivatives_are_the_xla_programs():
+    eqs = sp.Matrix([sp.sin(x) * p + y ** 3, sp.tanh(x * y)])
+    kernel = sk.build_function(eqs, [x, y], params={"p": p}, dtype="float64", options=C)
+    xla = sk.build_function(eqs, [x, y], params={"p": p}, dtype="float64")
+    data = np.random.default_rng(3).normal(size=(7, 2))
+    for f in (jax.jacfwd, jax.jacrev, jax.hessian):
+        np.testing.assert_allclose(f(lambda d: kernel(d, {"p": 0.7}).sum(0))(data),
+                                   f(lambda d: xla(d, {"p": 0.7}).sum(0))(data), rtol=1e-13)
+    np.testing.assert_allclose(jax.grad(lambda q: kernel(data, {"p": q}).sum())(0.7),
+                               jnp.sum(jnp.sin(data[:, 0])), rtol=1e-13)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: sk.build_function(sp.besselj(0, x), [x], dtype="float64", options=C), "besselj"),
+    (lambda: sk.build_function(sp.Max(x, y), [x, y], dtype="float64", options=C), "Max"),
+    (lambda: sk.build_function(x > 0, [x], dtype="float64", options=C), "condition"),
+    (lambda: sk.build_function(x * sp.I, [x], options=C), "complex"),
+    (lambda: sk.build_function(sp.MatrixSymbol("M", 2, 2)[0, 0] * x, sp.MatrixSymbol("M", 2, 2),
+                               x, dtype="float64", options=C), "MatrixSymbol"),
+    (lambda: sk.build_function(sp.Function("f")(x), [x], dtype="float64", options=C,
+                               functions={"f": jnp.sin}), "functions"),
+    (lambda: sk.build_function({"v": x, "w": p}, [x], params={"p": p}, dtype="float64",
+                               options=sk.BuildOptions(cpu_loop="c",
+                                                       constant_outputs="unbatched")),
+     "unbatched"),
+    (lambda: sk.build_function(p ** 2, params={"p": p}, dtype="float64", options=C),
+     "no data argument"),
+    (lambda: sk.build_function(sp.MatrixSymbol("W", 2, 2) * sp.MatrixSymbol("v", 2, 1),
+                               sp.MatrixSymbol("v", 2, 1), dtype="float64", options=C),
+     "whole arrays"),
+    (lambda: sk.BuildOptions(cpu_loop="C"), "cpu_loop: expected one of"),
+])
+def test_what_the_loop_cannot_compute_is_refused_by_name(make, message):
+    with pytest.raises(BuildError, match=message):
+        make()
+
+
+def test_without_a_compiler_the_build_says_so(monkeypatch):
+    monkeypatch.setenv(loops.COMPILER_ENV, "no-such-compiler-of-symkern")
+    with pytest.raises(BuildError, match="no C\\+\\+ compiler"):
+        sk.build_function(sp.sin(x) * y + 0.125, [x, y], dtype="float64", options=C)
