@@ -1,21 +1,28 @@
 """codegen: a kernel's entries as one C++ loop over the batch (`BuildOptions(cpu_loop="c")`).
 
-Imports numpy, sympy and symkern.codegen.trig. XLA's CPU program makes one pass over the batch per loop fusion and
-writes each entry as its own array before copying it into the result; a loop per sample
+Imports numpy, sympy and symkern.codegen.trig. XLA's CPU program makes one pass over the
+batch per loop fusion and writes each entry as its own array before copying it into the
+result; a loop per sample
 computes a sample's entries in registers and writes each once, where it belongs in the
 result (docs/design/cpu-throughput.md, "A C loop per sample"). This module prints that
-loop: SymPy's C99 printer over the entries after `sympy.cse`, the body of
-`for (i = lo; i < hi; ++i)`, reading sample i's data and writing row i of each equation's
-`(samples, *shape)` result, inside a handler of XLA's FFI (`xla/ffi/api/ffi.h`, shipped in
-jaxlib) that splits the batch between threads. symkern.kernels.c_loop compiles and
-registers it; the kernel's program calls it through `jax.ffi.ffi_call`.
+loop: SymPy's C99 printer over the entries after `sympy.cse`, the body of a loop over a
+block of `BLOCK` samples (one 512-bit vector of the dtype's numbers) under `#pragma omp
+simd`, which the compiler vectorizes across the block, reading sample i's data and writing
+its entries straight into row i of each equation's `(samples, *shape)` result; the samples
+after the last whole block, and a block in which an argument of sin or cos lies outside the
+polynomial's range, run sample by sample (`each`), with the same operations. All of it is
+inside a handler of XLA's FFI (`xla/ffi/api/ffi.h`, shipped in jaxlib) that splits the batch
+between threads. symkern.kernels.c_loop compiles and registers it; the kernel's program
+calls it through `jax.ffi.ffi_call`.
 
 Symbols are renamed to generated names before printing (`x1_0`, `p_3`, `s_7`), so no name
 of a user's reaches the source. What the printer may meet is a closed list: arithmetic,
 integer and rational powers, `Piecewise` over comparisons, and the functions of
 `C_FUNCTIONS`, each the C library's function of the same meaning — but sin and cos, which
 are symkern.codegen.trig's polynomials as in the XLA program (the C library for an argument
-outside their range); anything else is refused with a BuildError naming it.
+outside their range); anything else is refused with a BuildError naming it. The library's
+functions are calls the compiler does not vectorize: a body of exp, tanh, ... runs its
+blocks one sample at a time.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ _STRUCTURE = (sp.Add, sp.Mul, sp.Pow, sp.Symbol, sp.Number, sp.NumberSymbol, sp.
 #: XLA's integer_pow computes them); larger ones call pow
 INTEGER_POWER_UP_TO = 64
 _C_TYPES = {"float32": "float", "float64": "double"}
+#: samples a vectorized block computes together: one 512-bit vector of the dtype's numbers
+BLOCK = {"float32": 16, "float64": 8}
 _FFI_TYPES = {"float32": "F32", "float64": "F64"}
 
 
@@ -82,8 +91,8 @@ def _trig_source(reduction: Reduction, dtype: str) -> str:
             value = f"({value} * z + {literal(c)})"
         return value
 
-    return f"""// sin(x + quarter_turns * pi/2) for |x| <= {float(reduction.fast_up_to):g}: Cody-Waite by pi/2 in
-// {len(reduction.pi_over_two_parts)} parts, Cephes' minimax polynomials (symkern.codegen.trig)
+    return f"""// sin(x + quarter_turns * pi/2) for |x| <= {float(reduction.fast_up_to):g}: Cody-Waite by pi/2
+// in {len(reduction.pi_over_two_parts)} parts, Cephes' minimax polynomials (symkern.codegen.trig)
 static inline {c_type} sk_turned({c_type} x, int quarter_turns) {{
   const {c_type} k = __builtin_rint(x * {literal(np.dtype(dtype).type(2 / np.pi))});
   {c_type} r = x;
@@ -110,16 +119,24 @@ class _Printer(C99CodePrinter):
     """C99 with integer powers as multiplications, 1/sqrt as a division, sin and cos as
     symkern.codegen.trig's polynomials (`sk_sin`, `sk_cos`)."""
 
+    #: sin and cos as the polynomial alone (`sk_turned`), in a block whose arguments were all
+    #: found within its range
+    polynomial_only = False
+
     def _print_sin(self, expr: sp.sin) -> str:
+        if self.polynomial_only:
+            return f"sk_turned({self._print(expr.args[0])}, 0)"
         return f"sk_sin({self._print(expr.args[0])})"
 
     def _print_cos(self, expr: sp.cos) -> str:
+        if self.polynomial_only:
+            return f"sk_turned({self._print(expr.args[0])}, 1)"
         return f"sk_cos({self._print(expr.args[0])})"
 
     def _print_Pow(self, expr: sp.Pow) -> str:
         base, exponent = expr.args
         if exponent.is_Integer and 2 <= abs(int(exponent)) <= INTEGER_POWER_UP_TO:
-            power = f"sk_powi({self._print(base)}, {abs(int(exponent))})"
+            power = f"sk_powi<{abs(int(exponent))}>({self._print(base)})"
             return power if exponent > 0 else f"({self._print(sp.S.One)}/{power})"
         if exponent == sp.Rational(-1, 2):
             root = sp.Pow(base, sp.S.Half, evaluate=False)
@@ -174,7 +191,28 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
                for e in entries]
     shared, reduced = sp.cse(renamed, symbols=sp.numbered_symbols("s_"))
     printer = _Printer({"type_aliases": {real: float32}} if dtype == "float32" else {})
+    polynomial = _Printer({"type_aliases": {real: float32}} if dtype == "float32" else {})
+    polynomial.polynomial_only = True
     c_type = _C_TYPES[dtype]
+    reduction = REDUCTIONS[np.dtype(dtype)]
+    width = BLOCK[dtype]
+    limit = _literal(reduction.fast_up_to, dtype)
+
+    def range_checks(value: sp.Basic) -> list[str]:
+        return [f"out_of_range |= !(std::fabs({polynomial.doprint(call.args[0])}) <= {limit});"
+                for call in sorted(value.atoms(sp.sin, sp.cos), key=sp.default_sort_key)]
+
+    block = [f"const {c_type} {names[s]} = X{a + 1}[(i0 + j) * {len(symbols)} + {k}];"
+             for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
+    for symbol, value in shared:
+        block += range_checks(value) + [f"const {c_type} {symbol} = {polynomial.doprint(value)};"]
+    start = 0
+    for leaf, size in enumerate(leaf_sizes):
+        for k in range(size):
+            value = reduced[start + k]
+            block += range_checks(value) + [
+                f"O{leaf}[(i0 + j) * {size} + {k}] = {polynomial.doprint(value)};"]
+        start += size
     reads = [f"const {c_type} {names[s]} = X{a + 1}[i * {len(symbols)} + {k}];"
              for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
     values = [f"const {c_type} {s} = {printer.doprint(v)};" for s, v in shared]
@@ -188,6 +226,8 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     arguments = ", ".join([f"const {c_type}* X{a + 1}" for a in range(len(data))]
                           + [f"const {c_type}* P"]
                           + [f"{c_type}* O{leaf}" for leaf in range(len(leaf_sizes))])
+    call_arguments = ", ".join([f"X{a + 1}" for a in range(len(data))] + ["P"]
+                               + [f"O{leaf}" for leaf in range(len(leaf_sizes))])
     pointers = ", ".join([f"x{a + 1}.typed_data()" for a in range(len(data))] + ["p.typed_data()"]
                          + [f"o{leaf}->typed_data()" for leaf in range(len(leaf_sizes))])
     handler_arguments = ", ".join(
@@ -207,23 +247,43 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
 #include "xla/ffi/api/ffi.h"
 namespace ffi = xla::ffi;
 
-// x**n for an integer n >= 2, by repeated squaring (as XLA's integer_pow)
-static inline {c_type} sk_powi({c_type} x, int n) {{
-  {c_type} result = 1;
-  while (true) {{
-    if (n & 1) result *= x;
-    n >>= 1;
-    if (n == 0) return result;
-    x *= x;
+// x**N for an integer N >= 1, by repeated squaring (as XLA's integer_pow), unrolled when compiled
+template <int N>
+static inline {c_type} sk_powi({c_type} x) {{
+  if constexpr (N == 1) {{
+    return x;
+  }} else if constexpr (N % 2 == 0) {{
+    const {c_type} half = sk_powi<N / 2>(x);
+    return half * half;
+  }} else {{
+    return x * sk_powi<N - 1>(x);
   }}
 }}
 
 {_trig_source(REDUCTIONS[np.dtype(dtype)], dtype)}
-static void loop({arguments}, int64_t lo, int64_t hi) {{
+// sample by sample, sin and cos taking the C library's value outside the polynomial's range
+static void each({arguments}, int64_t lo, int64_t hi) {{
   {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
   for (int64_t i = lo; i < hi; ++i) {{
     {indent.join(reads + values + writes)}
   }}
+}}
+
+// {width} samples at a time as one vectorized loop, sin and cos the polynomial alone; a block
+// with an argument outside its range (or NaN) is computed again sample by sample (`each`,
+// which writes over it and gives an in-range sample the same operations, so the same value)
+static void loop({arguments}, int64_t lo, int64_t hi) {{
+  {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
+  int64_t i0 = lo;
+  for (; i0 + {width} <= hi; i0 += {width}) {{
+    int out_of_range = 0;
+    #pragma omp simd reduction(|:out_of_range)
+    for (int j = 0; j < {width}; ++j) {{
+      {(indent + "  ").join(block)}
+    }}
+    if (out_of_range) each({call_arguments}, i0, i0 + {width});
+  }}
+  each({call_arguments}, i0, hi);
 }}
 
 // the batch in `threads` contiguous parts of at least `grain` samples, one a thread

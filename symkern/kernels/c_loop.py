@@ -7,7 +7,8 @@ Imports jax, numpy, symkern.codegen.c_loop, symkern.errors and symkern.kernels.t
 once the library is loaded, and at exit), compiles it with the C++ compiler (`$CXX`, else
 `g++`, else `c++`) against the FFI headers jaxlib ships (`jax.ffi.include_dir()`), loads the
 library and registers its handler as an FFI target named after the source's digest; a
-source compiled once is not compiled again in the process. Nothing is read back from a file this process did not write in that call.
+source compiled once is not compiled again in the process. Nothing is read back from a file
+this process did not write in that call.
 `call_loop` is the `jax.ffi.ffi_call` of it: one custom call in the kernel's program, which
 splits the batch between `cpu_threads()` threads, each taking at least `GRAIN` samples.
 """
@@ -36,15 +37,17 @@ from symkern.kernels.threads import cpu_threads
 
 #: the environment variable naming the C++ compiler (else g++, else c++ on the PATH)
 COMPILER_ENV = "CXX"
-#: -ffp-contract=off: no fused multiply-adds, so a sample's value does not depend on whether
-#: the compiler vectorized the iteration it fell in; -fno-math-errno: the C library's
-#: functions may be inlined (sqrt) since errno is never read
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-std=c++17",
-         "-shared", "-fPIC", "-w")
+#: -ffp-contract=off: no fused multiply-adds, so a sample's value does not depend on whether it
+#: fell in a vectorized block or in the sample-by-sample loop (symkern.codegen.c_loop);
+#: -fopenmp-simd: the blocks' `#pragma omp simd`; -fno-math-errno: the C library's functions
+#: may be inlined (sqrt) since errno is never read
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd",
+         "-std=c++17", "-shared", "-fPIC", "-w")
 #: the fewest samples a thread of the loop takes, so a batch below twice this runs on the
-#: calling thread alone: starting and joining a second thread cost 50-70 us, and two threads
-#: ran the pendulum and nlink-2 (float64) 0.87-0.96x one thread's speed at 8,192 samples and
-#: 1.16-1.64x at 16,384 (docs/design/cpu-throughput.md, "A C loop per sample")
+#: calling thread alone: starting and joining a second thread cost 50-70 us; at 8,192 samples
+#: two threads ran the pendulum, nlink-2 and nlink-8 (float64) at 0.60, 1.00 and 1.05x one
+#: thread's speed, at 16,384 at 0.94, 1.52 and 1.35x (docs/design/cpu-throughput.md, "A C
+#: loop per sample")
 GRAIN = 8192
 #: seconds a compilation may take
 COMPILE_TIMEOUT = 600

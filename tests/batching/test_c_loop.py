@@ -169,3 +169,23 @@ def test_without_a_compiler_the_build_says_so(monkeypatch):
     monkeypatch.setenv(loops.COMPILER_ENV, "no-such-compiler-of-symkern")
     with pytest.raises(BuildError, match="no C\\+\\+ compiler"):
         sk.build_function(sp.sin(x) * y + 0.125, [x, y], dtype="float64", options=C)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_block_with_an_angle_outside_the_polynomials_range_takes_the_library(dtype):
+    eqs = sp.Matrix([sp.sin(x) * p + sp.cos(y), sp.sin(x + y)])
+    kernel = sk.build_function(eqs, [x, y], params={"p": p}, dtype=dtype, options=C)
+    xla = sk.build_function(eqs, [x, y], params={"p": p}, dtype=dtype)
+    data = np.random.default_rng(4).uniform(-3, 3, size=(40, 2)).astype(dtype)
+    data[3, 0], data[17, 1], data[25, 0], data[33, 1] = 3e7, np.inf, np.nan, -5e6
+    got, want = np.asarray(kernel(data, {"p": 2.0})), np.asarray(xla(data, {"p": 2.0}))
+    np.testing.assert_allclose(got, want, rtol=2e-6 if dtype == "float32" else 1e-13,
+                               atol=1e-6 if dtype == "float32" else 1e-14)
+    assert np.isnan(got[[17, 25]]).all() and np.isfinite(got[[3, 33]]).all()
+    # the samples of a block computed again one by one keep the bits a clean block gives them
+    clean = data.copy()
+    clean[[3, 17, 25, 33]] = 0.5
+    again = np.asarray(kernel(clean, {"p": 2.0}))
+    untouched = [k for k in range(40) if k not in (3, 17, 25, 33)]
+    np.testing.assert_array_equal(got[untouched], again[untouched])
