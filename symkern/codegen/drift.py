@@ -676,6 +676,35 @@ def _astor_round_trip(_: bool) -> Observation:
     return observe("; ".join(expected), "; ".join(found))
 
 
+#: what BuildOptions(cpu_loop="c") calls of jax.ffi (symkern.kernels.c_loop), and the names
+#: its printed loop uses from the FFI headers (symkern.codegen.c_loop)
+FFI_PARAMETERS = {"register_ffi_target": ("name", "fn", "platform"),
+                  "ffi_call": ("target_name", "result_shape_dtypes", "vmap_method")}
+FFI_HEADER_NAMES = ("XLA_FFI_DEFINE_HANDLER_SYMBOL", "ResultBuffer", "typed_data", "dimensions",
+                    "Attr", "Bind", "Success")
+
+
+def _ffi_interface(_: bool) -> Observation:
+    import inspect
+    from pathlib import Path
+
+    import jax
+
+    found = []
+    for function, parameters in FFI_PARAMETERS.items():
+        taken = set(inspect.signature(getattr(jax.ffi, function)).parameters)
+        missing = [p for p in parameters if p not in taken]
+        found.append(f"{function}({', '.join(p for p in parameters if p in taken)})"
+                     + (f" without {', '.join(missing)}" if missing else ""))
+    api = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api"
+    text = "".join((api / name).read_text() for name in ("ffi.h", "api.h")
+                   if (api / name).is_file())
+    found.append("headers: " + ", ".join(n if n in text else f"no {n}" for n in FFI_HEADER_NAMES))
+    expected = [f"{f}({', '.join(p)})" for f, p in FFI_PARAMETERS.items()]
+    expected.append("headers: " + ", ".join(FFI_HEADER_NAMES))
+    return observe("; ".join(expected), "; ".join(found))
+
+
 # ---- the list -------------------------------------------------------------------------------
 
 CHECKS: list[DriftCheck] = [
@@ -729,6 +758,9 @@ CHECKS: list[DriftCheck] = [
                "einsum does: PermuteDims takes axis p[k] to k, ArrayDiagonal appends each "
                "diagonal after the other axes, ArrayContraction drops its groups",
                _array_expression_axes, depends_on_cse=False),
+    DriftCheck("jax_ffi", "jax.ffi registers and calls a handler as symkern.kernels.c_loop "
+               "does, and jaxlib's FFI headers define what the printed C loop uses "
+               "(BuildOptions(cpu_loop='c'))", _ffi_interface, depends_on_cse=False),
     DriftCheck("astor_round_trip", "astor.to_source(module, pretty_source=''.join) prints the "
                "trees the rules build, and they parse back to the same tree", _astor_round_trip,
                depends_on_cse=False),

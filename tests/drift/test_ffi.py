@@ -1,28 +1,28 @@
-"""What `BuildOptions(cpu_loop="c")` assumes of JAX's FFI (symkern.kernels.c_loop): the Python
-functions it calls, with the parameters it passes, and the C++ header and macro the printed
-loop includes (symkern.codegen.c_loop). Checked without a compiler."""
+"""The `jax_ffi` drift check (symkern.codegen.drift): what `BuildOptions(cpu_loop="c")`
+assumes of JAX's FFI holds with the installed jaxlib, and a header that lost a name the loop
+uses is reported as drift. Runs without a compiler."""
 
 from __future__ import annotations
 
-import inspect
-from pathlib import Path
-
 import jax
 
-
-def test_the_ffi_functions_take_what_the_loop_passes():
-    register = inspect.signature(jax.ffi.register_ffi_target).parameters
-    assert {"name", "fn", "platform"} <= set(register)
-    call = inspect.signature(jax.ffi.ffi_call).parameters
-    assert {"target_name", "result_shape_dtypes", "vmap_method"} <= set(call)
-    assert callable(jax.ffi.pycapsule)
+from symkern.codegen import drift
 
 
-def test_the_ffi_header_defines_what_the_loop_uses():
-    header = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "ffi.h"
-    api = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "api.h"
-    assert header.is_file(), header
-    text = header.read_text() + api.read_text()
-    for name in ("XLA_FFI_DEFINE_HANDLER_SYMBOL", "ResultBuffer", "typed_data", "dimensions",
-                 "Attr", "Bind", "Success"):
-        assert name in text, name
+def _ffi_check() -> drift.DriftCheck:
+    return next(check for check in drift.CHECKS if check.name == "jax_ffi")
+
+
+def test_the_installed_ffi_is_what_the_loop_uses():
+    result = drift.run_checks([_ffi_check()])[0]
+    assert result.ok, result.message()
+
+
+def test_a_header_without_the_handler_macro_is_drift(tmp_path, monkeypatch):
+    api = tmp_path / "xla" / "ffi" / "api"
+    api.mkdir(parents=True)
+    (api / "ffi.h").write_text("struct ResultBuffer; typed_data dimensions Attr Bind Success")
+    monkeypatch.setattr(jax.ffi, "include_dir", lambda: str(tmp_path))
+    result = drift.run_checks([_ffi_check()])[0]
+    assert not result.ok
+    assert "no XLA_FFI_DEFINE_HANDLER_SYMBOL" in result.found
