@@ -1,6 +1,6 @@
 """batching: CLoopProgram — a scalar kernel whose batch runs as one C loop on the CPU.
 
-Imports jax, numpy, symkern.batching.program, symkern.codegen.c_loop, symkern.kernels.c_loop.
+Imports jax, symkern.batching.program, symkern.codegen.c_loop and symkern.kernels.c_loop.
 
 `BuildOptions(cpu_loop="c")` builds the kernel's XLA program as always and, beside it, the
 loop of symkern.codegen.c_loop: every call — eager, under `jax.jit`, folded `jax.vmap`,
@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from symkern.batching.packing import PackedParameters
 from symkern.batching.program import ScalarProgram
@@ -37,8 +36,6 @@ def refuse_c_loop(program: ScalarProgram, *, const_count: int, functions: bool,
     signature = program.signature
     if backend != "cpu":
         refuse(f"the C loop runs on the CPU, and JAX's default backend is {backend}")
-    if signature.dtype not in (np.dtype("float32"), np.dtype("float64")):
-        refuse(f"the C loop computes float32 or float64, not {signature.dtype.name}")
     if not signature.data:
         refuse("the C loop runs over a batch of data, and the kernel takes no data argument")
     for spec in signature.data + signature.parameters:
@@ -62,6 +59,8 @@ class CLoopProgram(ScalarProgram):
         super().__init__(program.generated, program.function, program.signature,
                          program.equations, program.const_values)
         self._portable = program
+        # the loop writes each equation whole, shaped `batch + shape`: nothing to assemble
+        self.needs_assembly = False
         #: the printed loop (its C++ is `source`)
         self.printed = printed
         self._data_shapes = tuple(tuple(spec.shape) for spec in program.signature.data)
@@ -89,12 +88,9 @@ class CLoopProgram(ScalarProgram):
                                       for leaf in parameter_leaves])
 
     def _run(self, const_args: tuple, data: tuple, parameter_leaves: Any) -> Any:
-        batch = tuple(np.broadcast_shapes(*(tuple(array.shape)[:array.ndim - len(shape)]
-                                            for array, shape in zip(data, self._data_shapes,
-                                                                    strict=True))))
         leaves = loops.call_loop(self.printed, data, self._data_shapes,
                                  self._flat_parameters(parameter_leaves), self.equations.shapes,
-                                 batch, self.grain)
+                                 self.batch_shape(data), self.grain)
         return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
 
     def evaluate(self, const_args: tuple, data: tuple, parameter_leaves: Any,

@@ -588,14 +588,13 @@ class Kernel:
         (`decide_assembly`); this measures instead, on the caller's say-so, and returns what
         it measured (also kept as `kernel.tuned`). A choice that changes recompiles each
         batch shape once, in the chosen form. Returns without measuring when the kernel has
-        nothing to assemble, runs as pieces, or runs a C loop (`cpu_loop="c"`, which writes
-        each equation whole).
+        nothing to assemble (also a C loop's, `cpu_loop="c"`, which writes each equation
+        whole) or runs as pieces.
         """
         args = self._packed_arguments(args)
         prepared = self.prepare(args)
         batch_shape = self._batch_shape_of(prepared[1])
-        if (not self._needs_assembly or self._pieces is not None
-                or self.options.cpu_loop != "xla"):
+        if not self._needs_assembly or self._pieces is not None:
             return {"batch": math.prod(batch_shape), "assembly": self.assembly, "rounds": 0}
         raw = args if prepared[1] else None
         runs = {"fused": lambda: self._execute_fused(prepared, batch_shape, raw, register=False),

@@ -2,9 +2,8 @@
 
 Imports numpy, sympy and symkern.codegen.trig. XLA's CPU program makes one pass over the
 batch per loop fusion and writes each entry as its own array before copying it into the
-result; a loop per sample
-computes a sample's entries in registers and writes each once, where it belongs in the
-result (docs/design/cpu-throughput.md, "A C loop per sample"). This module prints that
+result; a loop per sample computes a sample's entries in registers and writes each once,
+where it belongs in the result (docs/design/cpu-throughput.md, "A C loop per sample"). This module prints that
 loop: SymPy's C99 printer over the entries after `sympy.cse`, the body of a loop over a
 block of `BLOCK` samples (one 512-bit vector of the dtype's numbers) under `#pragma omp
 simd`, which the compiler vectorizes across the block, reading sample i's data and writing
@@ -198,29 +197,26 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     width = BLOCK[dtype]
     limit = _literal(reduction.fast_up_to, dtype)
 
-    def range_checks(value: sp.Basic) -> list[str]:
-        return [f"out_of_range |= !(std::fabs({polynomial.doprint(call.args[0])}) <= {limit});"
-                for call in sorted(value.atoms(sp.sin, sp.cos), key=sp.default_sort_key)]
+    def statements(printer: _Printer, sample: str, checked: bool) -> list[str]:
+        """A sample's reads, shared values and writes (`sample`: its index in C), each value
+        after the range checks of its sin and cos arguments where `checked`."""
+        def checks(value: sp.Basic) -> list[str]:
+            return [f"out_of_range |= !(std::fabs({printer.doprint(call.args[0])}) <= {limit});"
+                    for call in sorted(value.atoms(sp.sin, sp.cos), key=sp.default_sort_key)
+                    if checked]
 
-    block = [f"const {c_type} {names[s]} = X{a + 1}[(i0 + j) * {len(symbols)} + {k}];"
-             for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
-    for symbol, value in shared:
-        block += range_checks(value) + [f"const {c_type} {symbol} = {polynomial.doprint(value)};"]
-    start = 0
-    for leaf, size in enumerate(leaf_sizes):
-        for k in range(size):
-            value = reduced[start + k]
-            block += range_checks(value) + [
-                f"O{leaf}[(i0 + j) * {size} + {k}] = {polynomial.doprint(value)};"]
-        start += size
-    reads = [f"const {c_type} {names[s]} = X{a + 1}[i * {len(symbols)} + {k}];"
-             for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
-    values = [f"const {c_type} {s} = {printer.doprint(v)};" for s, v in shared]
-    writes, start = [], 0
-    for leaf, size in enumerate(leaf_sizes):
-        writes += [f"O{leaf}[i * {size} + {k}] = {printer.doprint(reduced[start + k])};"
-                   for k in range(size)]
-        start += size
+        lines = [f"const {c_type} {names[s]} = X{a + 1}[{sample} * {len(symbols)} + {k}];"
+                 for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
+        for symbol, value in shared:
+            lines += checks(value) + [f"const {c_type} {symbol} = {printer.doprint(value)};"]
+        start = 0
+        for leaf, size in enumerate(leaf_sizes):
+            for k, value in enumerate(reduced[start:start + size]):
+                lines += checks(value) + [
+                    f"O{leaf}[{sample} * {size} + {k}] = {printer.doprint(value)};"]
+            start += size
+        return lines
+
     parameter_reads = [f"const {c_type} {names[s]} = P[{k}];" for k, s in enumerate(parameters)]
     ffi_type = _FFI_TYPES[dtype]
     arguments = ", ".join([f"const {c_type}* X{a + 1}" for a in range(len(data))]
@@ -260,12 +256,12 @@ static inline {c_type} sk_powi({c_type} x) {{
   }}
 }}
 
-{_trig_source(REDUCTIONS[np.dtype(dtype)], dtype)}
+{_trig_source(reduction, dtype)}
 // sample by sample, sin and cos taking the C library's value outside the polynomial's range
 static void each({arguments}, int64_t lo, int64_t hi) {{
   {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
   for (int64_t i = lo; i < hi; ++i) {{
-    {indent.join(reads + values + writes)}
+    {indent.join(statements(printer, "i", checked=False))}
   }}
 }}
 
@@ -279,7 +275,7 @@ static void loop({arguments}, int64_t lo, int64_t hi) {{
     int out_of_range = 0;
     #pragma omp simd reduction(|:out_of_range)
     for (int j = 0; j < {width}; ++j) {{
-      {(indent + "  ").join(block)}
+      {(indent + "  ").join(statements(polynomial, "(i0 + j)", checked=True))}
     }}
     if (out_of_range) each({call_arguments}, i0, i0 + {width});
   }}
