@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from one_pass import interleaved_ms  # noqa: E402  (the same timing)
+from one_pass import interleaved_ms, start_process  # noqa: E402  (the same timing)
 
 DEFAULT = "pendulum,nlink-2,nlink-fixed-2,nlink-4,nlink-8"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd")
@@ -222,12 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=DEFAULT, help="comma-separated")
     args = parser.parse_args(argv)
 
-    import symkern as sk
-
-    sk.reuse_cpu_memory()
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
+    start_process()
     print(f"ms a call at {args.batch} samples, median of {args.rounds} interleaved rounds "
           f"(numba's time over each one's), threads {len(os.sched_getaffinity(0))}")
     with tempfile.TemporaryDirectory(prefix="symkern-c-loop-") as directory:

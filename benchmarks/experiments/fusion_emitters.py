@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from one_pass import built, interleaved_ms  # noqa: E402  (the same inputs and timing)
+from one_pass import built, interleaved_ms, start_process  # noqa: E402  (the same inputs and timing)
 
 DEFAULT = ("pendulum:float64,pendulum:float32,nlink-2:float64,nlink-2:float32,"
            "nlink-2-nonconstant:float64,nlink-4:float64,nlink-fixed-2:float64,"
@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="single elementwise operations instead of kernels")
     args = parser.parse_args(argv)
 
-    import symkern as sk
-
-    sk.reuse_cpu_memory()
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
+    start_process()
     if args.operations:
         print(f"ms a call over 409,600 elements, median of {args.rounds} interleaved rounds")
         for dtype in ("float64", "float32"):

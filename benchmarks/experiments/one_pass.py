@@ -67,6 +67,17 @@ def built(name: str, dtype: str, batch: int) -> tuple:
     return kernel.program, tuple(kernel.const_values), X, leaves
 
 
+def start_process() -> None:
+    """What a measuring process of these experiments does first: freed memory reused (which
+    must come before JAX's backend starts, `symkern.reuse_cpu_memory`), then float64 on."""
+    import symkern as sk
+
+    sk.reuse_cpu_memory()
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+
 def interleaved_ms(functions: dict, arguments: tuple, rounds: int) -> dict[str, float]:
     """Each of `functions` called on `arguments` in turn for `rounds` rounds: label -> median
     ms a call."""
@@ -131,12 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=DEFAULT, help="WORKLOAD:DTYPE, comma-separated")
     args = parser.parse_args(argv)
 
-    import symkern as sk
-
-    sk.reuse_cpu_memory()
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
+    start_process()
     print(f"ms a call at {args.batch} samples, median of {args.rounds} interleaved rounds "
           "(fusions / unfused concatenates in the optimized HLO)")
     for item in args.workloads.split(","):
