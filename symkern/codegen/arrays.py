@@ -52,6 +52,7 @@ from symkern.codegen.structured import (
 )
 from symkern.errors import BuildError, CodegenDriftError
 from symkern.symbolic.arguments import ArgumentSpec
+from symkern.symbolic.nodes import walk
 
 #: matrix-expression classes printed as arrays (an explicit Matrix is one too, as a leaf)
 MATRIX_OPERATIONS = (
@@ -91,7 +92,7 @@ def needs_array_program(leaf: Any) -> bool:
     if isinstance(leaf, sp.MatrixExpr) and not isinstance(leaf, sp.MatrixBase):
         return not isinstance(leaf, sp.MatrixSymbol)
     if isinstance(leaf, sp.Expr):
-        return any(_array_valued_scalar(node) for node in sp.preorder_traversal(leaf))
+        return any(_array_valued_scalar(node) for node in walk([leaf]))  # depth-safe
     return False
 
 

@@ -264,6 +264,19 @@ def test_deep_nest_values():
     np.testing.assert_allclose(f(*point)[0], want, rtol=1e-12)
 
 
+def test_a_kernel_of_an_entry_deeper_than_the_recursion_limit():
+    # build_function's own checks walk the entry without recursion too (codegen.arrays)
+    import symkern as sk
+
+    point = np.random.default_rng(2).uniform(-1, 1, size=(3, 4))
+    e, want = X[0], point[:, 0]
+    for i in range(3 * sys.getrecursionlimit()):
+        e = sp.Add(sp.Mul(sp.Float(0.5), e, evaluate=False), X[i % 4], evaluate=False)
+        want = 0.5 * want + point[:, i % 4]
+    kernel = sk.build_function(e, list(X), dtype="float32")
+    np.testing.assert_allclose(np.asarray(kernel(point.astype(np.float32))), want, rtol=1e-5)
+
+
 # --- units that must stay whole ---------------------------------------------------------
 
 
