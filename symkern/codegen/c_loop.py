@@ -1,27 +1,31 @@
 """codegen: a kernel's entries as one C++ loop over the batch (`BuildOptions(cpu_loop="c")`).
 
-Imports numpy, sympy and symkern.codegen.trig. XLA's CPU program makes one pass over the
-batch per loop fusion and writes each entry as its own array before copying it into the
-result; a loop per sample computes a sample's entries in registers and writes each once,
-where it belongs in the result (docs/design/cpu-throughput.md, "A C loop per sample"). This module prints that
-loop: SymPy's C99 printer over the entries after `sympy.cse`, the body of a loop over a
-block of `BLOCK` samples (one 512-bit vector of the dtype's numbers) under `#pragma omp
-simd`, which the compiler vectorizes across the block, reading sample i's data and writing
-its entries straight into row i of each equation's `(samples, *shape)` result; the samples
-after the last whole block, and a block in which an argument of sin or cos lies outside the
-polynomial's range, run sample by sample (`each`), with the same operations. All of it is
-inside a handler of XLA's FFI (`xla/ffi/api/ffi.h`, shipped in jaxlib) that splits the batch
-between threads. symkern.kernels.c_loop compiles and registers it; the kernel's program
-calls it through `jax.ffi.ffi_call`.
+Imports sympy, symkern.codegen.c_math and symkern.codegen.linearize. XLA's CPU program makes
+one pass over the batch per loop fusion and writes each entry as its own array before
+copying it into the result; a loop per sample computes a sample's entries in registers and
+writes each once, where it belongs in the result (docs/design/cpu-throughput.md, "A C loop
+per sample"). This module prints that loop: the entries as assignments of bounded depth
+with their repeated subexpressions shared (symkern.codegen.linearize, as the XLA program's
+body; no SymPy walk, substitution or printer call then recurses on an entry's depth),
+printed by SymPy's C99 printer as the body of a loop over a block of `BLOCK` samples (one
+512-bit vector of the dtype's numbers) under `#pragma omp simd`, which the compiler
+vectorizes across the block, reading sample i's data and writing its entries straight into
+row i of each equation's `(samples, *shape)` result; the samples after the last whole
+block, and a block in which an argument of an inline function lies outside its condition,
+run sample by sample (`each`), with the same operations. All of it is inside a handler of
+XLA's FFI (`xla/ffi/api/ffi.h`, shipped in jaxlib) that splits the batch between threads.
+symkern.kernels.c_loop compiles and registers it; the kernel's program calls it through
+`jax.ffi.ffi_call`.
 
-Symbols are renamed to generated names before printing (`x1_0`, `p_3`, `s_7`), so no name
-of a user's reaches the source. What the printer may meet is a closed list: arithmetic,
-integer and rational powers, `Piecewise` over comparisons, and the functions of
-`C_FUNCTIONS`, each the C library's function of the same meaning — but sin and cos, which
-are symkern.codegen.trig's polynomials as in the XLA program (the C library for an argument
-outside their range); anything else is refused with a BuildError naming it. The library's
-functions are calls the compiler does not vectorize: a body of exp, tanh, ... runs its
-blocks one sample at a time.
+The printer names symbols with generated names (`x1_0`, `p_3`, `s_7`), so no name of a
+user's reaches the source; it substitutes nothing in the expressions (a rebuilt SymPy node
+is evaluated again, and evaluating exp or log of a large polynomial factors it). What it
+may meet is a closed list: arithmetic, integer and rational powers, `Piecewise` over
+comparisons, and the functions of `C_FUNCTIONS`, each the C library's function of the same
+meaning, but exp, log, tanh, atan, sin and cos, which are symkern.codegen.c_math's inline
+forms (the C library's outside their conditions); anything else is refused with a
+BuildError naming it. The other functions are calls the compiler does not vectorize: a
+body of them runs its blocks one sample at a time.
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import sympy as sp
 from sympy.codegen.ast import float32, real
 from sympy.printing.c import C99CodePrinter
 
-from symkern.codegen.trig import REDUCTIONS, Reduction
+from symkern.codegen.c_math import INLINE_FUNCTIONS, inline_source
+from symkern.codegen.linearize import linearize
 from symkern.errors import BuildError
 
 #: SymPy functions the loop computes, each by the C library's function of the same meaning
@@ -71,66 +76,42 @@ class CLoopSource:
     dtype: str
 
 
-def _literal(value: float, dtype: str) -> str:
-    """An exact C literal of `value` in `dtype` (hexadecimal, `f` suffix for float)."""
-    text = float(value).hex()
-    return f"{text}f" if dtype == "float32" else text
-
-
-def _trig_source(reduction: Reduction, dtype: str) -> str:
-    """`sk_sin` and `sk_cos`: symkern.codegen.trig's polynomial for |x| within its range,
-    the C library's sin and cos for any other x (larger, infinite, NaN)."""
-    c_type, suffix = _C_TYPES[dtype], "f" if dtype == "float32" else ""
-    literal = lambda v: _literal(v, dtype)  # noqa: E731
-    parts = "\n".join(f"  r = r - k * {literal(part)};" for part in reduction.pi_over_two_parts)
-
-    def horner(coefficients: tuple) -> str:
-        value = literal(coefficients[0])
-        for c in coefficients[1:]:
-            value = f"({value} * z + {literal(c)})"
-        return value
-
-    return f"""// sin(x + quarter_turns * pi/2) for |x| <= {float(reduction.fast_up_to):g}: Cody-Waite by pi/2
-// in {len(reduction.pi_over_two_parts)} parts, Cephes' minimax polynomials (symkern.codegen.trig)
-static inline {c_type} sk_turned({c_type} x, int quarter_turns) {{
-  const {c_type} k = __builtin_rint(x * {literal(np.dtype(dtype).type(2 / np.pi))});
-  {c_type} r = x;
-{parts}
-  r = (k == 0) ? x : r;
-  const {c_type} z = r * r;
-  {c_type} s = r + r * z * {horner(reduction.sine)};
-  s = (r == 0) ? r : s;
-  const {c_type} c = {literal(1)} - {literal(0.5)} * z + z * z * {horner(reduction.cosine)};
-  const int quadrant = ((int)k + quarter_turns) & 3;
-  const {c_type} v = (quadrant & 1) == 0 ? s : c;
-  return quadrant >= 2 ? -v : v;
-}}
-static inline {c_type} sk_sin({c_type} x) {{
-  return std::fabs(x) <= {literal(reduction.fast_up_to)} ? sk_turned(x, 0) : sin{suffix}(x);
-}}
-static inline {c_type} sk_cos({c_type} x) {{
-  return std::fabs(x) <= {literal(reduction.fast_up_to)} ? sk_turned(x, 1) : cos{suffix}(x);
-}}
-"""
-
-
 class _Printer(C99CodePrinter):
-    """C99 with integer powers as multiplications, 1/sqrt as a division, sin and cos as
-    symkern.codegen.trig's polynomials (`sk_sin`, `sk_cos`)."""
+    """C99 with the loop's names for symbols, constants as the dtype's nearest numbers, a
+    Piecewise without a last branch given NaN's, integer powers as multiplications, 1/sqrt
+    as a division, and symkern.codegen.c_math's inline functions (`sk_exp`, ...). Nothing
+    is substituted in the expressions themselves: a rebuilt SymPy node is evaluated again,
+    and evaluating an exp or a log of a large polynomial factors it (minutes)."""
 
-    #: sin and cos as the polynomial alone (`sk_turned`), in a block whose arguments were all
-    #: found within its range
-    polynomial_only = False
+    def __init__(self, dtype: str, names: dict[sp.Basic, str], inline_only: bool) -> None:
+        super().__init__({"type_aliases": {real: float32}} if dtype == "float32" else {})
+        self._names = names
+        self._digits = 9 if dtype == "float32" else 17
+        #: the inline functions as their inline form alone (`sk_exp_core`), in a block whose
+        #: arguments were all found within their conditions
+        self.inline_only = inline_only
 
-    def _print_sin(self, expr: sp.sin) -> str:
-        if self.polynomial_only:
-            return f"sk_turned({self._print(expr.args[0])}, 0)"
-        return f"sk_sin({self._print(expr.args[0])})"
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        if isinstance(expr, sp.Symbol):  # a Dummy or any other subclass too
+            return self._print_Symbol(expr)
+        return super()._print(expr, **kwargs)
 
-    def _print_cos(self, expr: sp.cos) -> str:
-        if self.polynomial_only:
-            return f"sk_turned({self._print(expr.args[0])}, 1)"
-        return f"sk_cos({self._print(expr.args[0])})"
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        if expr not in self._names:
+            raise BuildError(f"cpu_loop='c': {expr} is neither a data nor a parameter symbol")
+        return self._names[expr]
+
+    def _print_constant(self, expr: sp.NumberSymbol) -> str:
+        return self._print(sp.Float(expr.evalf(17), self._digits))
+
+    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
+        if expr.args[-1].cond != sp.true:  # NaN for any other case, as lambdify gives
+            expr = sp.Piecewise(*expr.args, (sp.nan, True), evaluate=False)
+        return super()._print_Piecewise(expr)
+
+    def _print_inline(self, expr: sp.Function) -> str:
+        form = "_core" if self.inline_only else ""
+        return f"sk_{expr.func.__name__}{form}({self._print(expr.args[0])})"
 
     def _print_Pow(self, expr: sp.Pow) -> str:
         base, exponent = expr.args
@@ -141,6 +122,12 @@ class _Printer(C99CodePrinter):
             root = sp.Pow(base, sp.S.Half, evaluate=False)
             return f"({self._print(sp.S.One)}/{self._print(root)})"
         return super()._print_Pow(expr)
+
+
+for _function in INLINE_FUNCTIONS:
+    setattr(_Printer, f"_print_{_function.__name__}", _Printer._print_inline)
+for _constant in (sp.NumberSymbol, *sp.NumberSymbol.__subclasses__()):
+    setattr(_Printer, f"_print_{_constant.__name__}", _Printer._print_constant)
 
 
 def _refuse_unsupported(entries: Sequence[sp.Basic]) -> None:
@@ -158,15 +145,6 @@ def _refuse_unsupported(entries: Sequence[sp.Basic]) -> None:
                 "(build with the default cpu_loop='xla')")
 
 
-def _closed_piecewise(expr: sp.Basic) -> sp.Basic:
-    """Every Piecewise with a last branch for any other case: NaN, as lambdify gives."""
-    def close(node: sp.Piecewise) -> sp.Piecewise:
-        if node.args[-1].cond == sp.true:
-            return node
-        return sp.Piecewise(*node.args, (sp.nan, True))
-    return expr.replace(lambda n: isinstance(n, sp.Piecewise), close)
-
-
 def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol]],
                   parameters: Sequence[sp.Symbol], leaf_sizes: Sequence[int],
                   dtype: str) -> CLoopSource:
@@ -179,36 +157,35 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     """
     if dtype not in _C_TYPES:
         raise BuildError(f"cpu_loop='c': the C loop computes float32 or float64, not {dtype}")
-    _refuse_unsupported(entries)
-    names: dict[sp.Basic, sp.Symbol] = {}
+    # shared values and assignments of bounded depth (symkern.codegen.linearize), so that
+    # nothing below -- SymPy's own walks, its printer -- recurses on an entry's depth
+    shared, reduced = linearize([sp.sympify(e) for e in entries], cse=True,
+                                symbols=sp.numbered_symbols("s_"))
+    _refuse_unsupported([value for _, value in shared] + reduced)
+    names: dict[sp.Basic, str] = {}
     for a, symbols in enumerate(data):
-        names.update({s: sp.Symbol(f"x{a + 1}_{k}") for k, s in enumerate(symbols)})
-    names.update({s: sp.Symbol(f"p_{k}") for k, s in enumerate(parameters)})
-    number = sp.Float if dtype == "float64" else (lambda v: sp.Float(v, 9))
-    constants = {c: number(c.evalf(17)) for entry in entries for c in entry.atoms(sp.NumberSymbol)}
-    renamed = [_closed_piecewise(sp.sympify(e).xreplace(names).xreplace(constants))
-               for e in entries]
-    shared, reduced = sp.cse(renamed, symbols=sp.numbered_symbols("s_"))
-    printer = _Printer({"type_aliases": {real: float32}} if dtype == "float32" else {})
-    polynomial = _Printer({"type_aliases": {real: float32}} if dtype == "float32" else {})
-    polynomial.polynomial_only = True
+        names.update({s: f"x{a + 1}_{k}" for k, s in enumerate(symbols)})
+    names.update({s: f"p_{k}" for k, s in enumerate(parameters)})
+    names.update({symbol: f"s_{k}" for k, (symbol, _) in enumerate(shared)})
+    used = {call.func for value in [v for _, v in shared] + list(reduced)
+            for call in value.atoms(*INLINE_FUNCTIONS)}
+    printer = _Printer(dtype, names, inline_only=False)
+    inline = _Printer(dtype, names, inline_only=True)
     c_type = _C_TYPES[dtype]
-    reduction = REDUCTIONS[np.dtype(dtype)]
     width = BLOCK[dtype]
-    limit = _literal(reduction.fast_up_to, dtype)
 
     def statements(printer: _Printer, sample: str, checked: bool) -> list[str]:
         """A sample's reads, shared values and writes (`sample`: its index in C), each value
-        after the range checks of its sin and cos arguments where `checked`."""
+        after the conditions on its inline functions' arguments where `checked`."""
         def checks(value: sp.Basic) -> list[str]:
-            return [f"out_of_range |= !(std::fabs({printer.doprint(call.args[0])}) <= {limit});"
-                    for call in sorted(value.atoms(sp.sin, sp.cos), key=sp.default_sort_key)
+            return [f"out_of_range |= !sk_{call.func.__name__}_within({printer.doprint(call.args[0])});"
+                    for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)
                     if checked]
 
         lines = [f"const {c_type} {names[s]} = X{a + 1}[{sample} * {len(symbols)} + {k}];"
                  for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
         for symbol, value in shared:
-            lines += checks(value) + [f"const {c_type} {symbol} = {printer.doprint(value)};"]
+            lines += checks(value) + [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"]
         start = 0
         for leaf, size in enumerate(leaf_sizes):
             for k, value in enumerate(reduced[start:start + size]):
@@ -242,10 +219,16 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
 #include <vector>
 #include "xla/ffi/api/ffi.h"
 namespace ffi = xla::ffi;
+// the inline forms are inlined wherever a block calls them, however often: the compiler's
+// own limits leave a long body's calls out of line, and a call keeps its block from being
+// vectorized (a network's 32 tanh calls ran 3.2x slower); the sample-by-sample loop calls
+// one copy of each function (SK_CALLED), which keeps a large body's compile shorter
+#define SK_INLINE static inline __attribute__((always_inline))
+#define SK_CALLED static __attribute__((noinline))
 
 // x**N for an integer N >= 1, by repeated squaring (as XLA's integer_pow), unrolled when compiled
 template <int N>
-static inline {c_type} sk_powi({c_type} x) {{
+SK_INLINE {c_type} sk_powi({c_type} x) {{
   if constexpr (N == 1) {{
     return x;
   }} else if constexpr (N % 2 == 0) {{
@@ -256,8 +239,8 @@ static inline {c_type} sk_powi({c_type} x) {{
   }}
 }}
 
-{_trig_source(reduction, dtype)}
-// sample by sample, sin and cos taking the C library's value outside the polynomial's range
+{inline_source(used, dtype)}
+// sample by sample, each inline function taking the C library's value outside its condition
 static void each({arguments}, int64_t lo, int64_t hi) {{
   {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
   for (int64_t i = lo; i < hi; ++i) {{
@@ -265,9 +248,10 @@ static void each({arguments}, int64_t lo, int64_t hi) {{
   }}
 }}
 
-// {width} samples at a time as one vectorized loop, sin and cos the polynomial alone; a block
-// with an argument outside its range (or NaN) is computed again sample by sample (`each`,
-// which writes over it and gives an in-range sample the same operations, so the same value)
+// {width} samples at a time as one vectorized loop, the inline functions their inline forms
+// alone; a block with an argument outside a condition (or NaN) is computed again sample by
+// sample (`each`, which writes over it and gives a sample within the conditions the same
+// operations, so the same value)
 static void loop({arguments}, int64_t lo, int64_t hi) {{
   {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
   int64_t i0 = lo;
@@ -275,7 +259,7 @@ static void loop({arguments}, int64_t lo, int64_t hi) {{
     int out_of_range = 0;
     #pragma omp simd reduction(|:out_of_range)
     for (int j = 0; j < {width}; ++j) {{
-      {(indent + "  ").join(statements(polynomial, "(i0 + j)", checked=True))}
+      {(indent + "  ").join(statements(inline, "(i0 + j)", checked=True))}
     }}
     if (out_of_range) each({call_arguments}, i0, i0 + {width});
   }}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import mpmath
 import numpy as np
 import pytest
 import sympy as sp
@@ -85,7 +86,7 @@ def test_powers_piecewise_and_constants_print_as_their_values(dtype):
 
 @needs_compiler
 def test_symbol_names_that_are_names_of_the_loop_are_only_symbols():
-    names = sp.symbols("x1_0 p_0 s_0 O0 P X1 i loop sk_powi")
+    names = (*sp.symbols("x1_0 p_0 s_0 O0 P X1 i loop"), sp.Dummy("sk_powi"))
     entries = sp.Matrix([names[0] * names[1] + names[2], sp.sin(names[3]) * names[4],
                          names[5] - names[6] + names[7] * names[8]])
     data, params = list(names[:1] + names[2:4] + names[5:9]), {"p": names[1], "P": names[4]}
@@ -94,6 +95,7 @@ def test_symbol_names_that_are_names_of_the_loop_are_only_symbols():
     values = np.random.default_rng(1).normal(size=(5, len(data)))
     ps = {"p": 0.5, "P": -2.0}
     np.testing.assert_allclose(kernel(values, ps), reference_kernel(values, ps), rtol=1e-14)
+    assert "sk_powi_" not in kernel.source  # the Dummy's name and index print nowhere
 
 
 @needs_compiler
@@ -189,3 +191,86 @@ def test_a_block_with_an_angle_outside_the_polynomials_range_takes_the_library(d
     again = np.asarray(kernel(clean, {"p": 2.0}))
     untouched = [k for k in range(40) if k not in (3, 17, 25, 33)]
     np.testing.assert_array_equal(got[untouched], again[untouched])
+
+
+def _ulps(got: np.ndarray, points: np.ndarray, exact, dtype: str) -> np.ndarray:
+    """|got - exact| in units of the last place of the exact value in `dtype`."""
+    want = [exact(mpmath.mpf(float(v))) for v in points]
+    spacing = np.spacing(np.abs(np.array([float(w) for w in want], dtype=dtype)))
+    return np.array([float(abs(mpmath.mpf(float(g)) - w)) for g, w in zip(got, want, strict=True)]
+                    ) / spacing
+
+
+#: the inline functions' points: across each condition's range, around each branch's edge
+_INLINE_POINTS = {
+    "exp": lambda r: np.concatenate([r.uniform(-708, 708, 300), r.uniform(-1, 1, 300),
+                                     [-708.0, 708.0, 0.0, 1e-300, -0.34657359027997264]]),
+    "log": lambda r: np.concatenate([np.exp(r.uniform(-700, 700, 300)), r.uniform(0.6, 1.6, 300),
+                                     [1.0, np.sqrt(2.0), np.nextafter(np.sqrt(2.0), 2.0),
+                                      2.2250738585072014e-308, 1.7976931348623157e308]]),
+    "tanh": lambda r: np.concatenate([r.uniform(-25, 25, 300), r.uniform(-0.6, 0.6, 300),
+                                      [0.5, np.nextafter(0.5, 0.0), -354.0, 19.1, 1e-300]]),
+    "atan": lambda r: np.concatenate([r.uniform(-3, 3, 300),
+                                      np.exp(r.uniform(-40, 40, 300)) * r.choice([-1, 1], 300),
+                                      [1.0, np.nextafter(1.0, 2.0), 0.41421356237309503,
+                                       1.7976931348623157e308, -1e-300]]),
+}
+#: float64 ulps of the inline forms at worst (measured on 10^4 points each: exp 0.75, log 0.75,
+#: tanh 1.76, atan 2.13); float32 rounds the float64 form: half an ulp
+_INLINE_ULPS = {"exp": 1.0, "log": 1.0, "tanh": 2.5, "atan": 2.5}
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", sorted(_INLINE_POINTS))
+def test_the_inline_functions_are_within_their_ulps_of_mpmath(name, dtype):
+    points = _INLINE_POINTS[name](np.random.default_rng(7))
+    if dtype == "float32":  # within float32's normal numbers (XLA flushes subnormals)
+        finfo = np.finfo(np.float32)
+        keep = {"exp": np.abs(points) < 87.0, "log": (points > finfo.tiny) & (points < finfo.max),
+                "tanh": np.abs(points) > finfo.tiny, "atan": (np.abs(points) > finfo.tiny)
+                & (np.abs(points) < finfo.max)}[name]
+        points = points[keep]
+    points = points.astype(dtype)
+    kernel = sk.build_function(getattr(sp, name)(x), [x], dtype=dtype, options=C)
+    assert f"sk_{name}_core" in kernel.source  # inline, not the C library's call
+    got = np.asarray(kernel(points[:, None])).reshape(-1)
+    with mpmath.workdps(40):
+        ulps = _ulps(got, points, getattr(mpmath, name), dtype)
+    bound = 0.5 if dtype == "float32" else _INLINE_ULPS[name]
+    assert ulps.max() <= bound, f"{name} at {points[ulps.argmax()]!r}: {ulps.max():.2f} ulps"
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_block_with_an_argument_outside_a_condition_takes_the_library(dtype):
+    eqs = sp.Matrix([sp.exp(x) + sp.log(y), sp.tanh(x * y) + sp.atan(x / y)])
+    kernel = sk.build_function(eqs, [x, y], dtype=dtype, options=C)
+    xla = sk.build_function(eqs, [x, y], dtype=dtype)
+    data = np.random.default_rng(5).uniform(0.5, 3, size=(40, 2)).astype(dtype)
+    # exp's 708, log's zero, tanh's 354, atan's infinity, a NaN
+    data[3, 0], data[17, 1], data[25, 0], data[33, 1] = 800.0, 0.0, -400.0, np.nan
+    data[38] = (np.inf, 2.0)
+    got, want = np.asarray(kernel(data)), np.asarray(xla(data))
+    np.testing.assert_allclose(got, want, rtol=2e-6 if dtype == "float32" else 1e-14)
+    clean = data.copy()
+    clean[[3, 17, 25, 33, 38]] = 0.5
+    again = np.asarray(kernel(clean))
+    untouched = [k for k in range(40) if k not in (3, 17, 25, 33, 38)]
+    np.testing.assert_array_equal(got[untouched], again[untouched])
+
+
+@needs_compiler
+def test_an_entry_deeper_than_the_recursion_limit_is_one_loop():
+    # SymPy's walks, its cse and its printer recurse on depth; the loop prints assignments of
+    # bounded depth (symkern.codegen.linearize), and the XLA program beside it is built
+    # without a recursive walk too
+    deep = x
+    for k in range(1000):
+        inner = sp.sin(deep, evaluate=False) if k % 20 == 0 else deep
+        deep = sp.Add(sp.Mul(sp.Float(0.5 + k % 7 / 16), inner, evaluate=False), y,
+                      evaluate=False)
+    kernel = sk.build_function(deep, [x, y], dtype="float64", options=C)
+    xla = sk.build_function(deep, [x, y], dtype="float64")
+    data = np.random.default_rng(6).normal(size=(19, 2))
+    np.testing.assert_allclose(kernel(data), xla(data), rtol=1e-12)
