@@ -39,7 +39,7 @@ import sympy as sp
 from sympy.codegen.ast import float32, real
 from sympy.printing.c import C99CodePrinter
 
-from symkern.codegen.c_math import INLINE_FUNCTIONS, inline_source
+from symkern.codegen.c_math import C_TYPES, INLINE_FUNCTIONS, inline_source
 from symkern.codegen.linearize import linearize
 from symkern.errors import BuildError
 
@@ -55,7 +55,6 @@ _STRUCTURE = (sp.Add, sp.Mul, sp.Pow, sp.Symbol, sp.Number, sp.NumberSymbol, sp.
 #: integer powers up to this magnitude are multiplications (`sk_powi`, repeated squaring as
 #: XLA's integer_pow computes them); larger ones call pow
 INTEGER_POWER_UP_TO = 64
-_C_TYPES = {"float32": "float", "float64": "double"}
 #: samples a vectorized block computes together: one 512-bit vector of the dtype's numbers
 BLOCK = {"float32": 16, "float64": 8}
 _FFI_TYPES = {"float32": "F32", "float64": "F64"}
@@ -155,7 +154,7 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     every parameter symbol in the order of the flat parameter buffer; `dtype`: "float32" or
     "float64".
     """
-    if dtype not in _C_TYPES:
+    if dtype not in C_TYPES:
         raise BuildError(f"cpu_loop='c': the C loop computes float32 or float64, not {dtype}")
     # shared values and assignments of bounded depth (symkern.codegen.linearize), so that
     # nothing below -- SymPy's own walks, its printer -- recurses on an entry's depth
@@ -171,16 +170,17 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
             for call in value.atoms(*INLINE_FUNCTIONS)}
     printer = _Printer(dtype, names, inline_only=False)
     inline = _Printer(dtype, names, inline_only=True)
-    c_type = _C_TYPES[dtype]
+    c_type = C_TYPES[dtype]
     width = BLOCK[dtype]
 
     def statements(printer: _Printer, sample: str, checked: bool) -> list[str]:
         """A sample's reads, shared values and writes (`sample`: its index in C), each value
         after the conditions on its inline functions' arguments where `checked`."""
         def checks(value: sp.Basic) -> list[str]:
+            if not checked:
+                return []
             return [f"out_of_range |= !sk_{call.func.__name__}_within({printer.doprint(call.args[0])});"
-                    for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)
-                    if checked]
+                    for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)]
 
         lines = [f"const {c_type} {names[s]} = X{a + 1}[{sample} * {len(symbols)} + {k}];"
                  for a, symbols in enumerate(data) for k, s in enumerate(symbols)]

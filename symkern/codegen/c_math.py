@@ -39,17 +39,18 @@ import sympy as sp
 
 from symkern.codegen.trig import REDUCTIONS, Reduction
 
-_C_TYPES = {"float32": "float", "float64": "double"}
+#: the C type of each dtype the loop computes in
+C_TYPES = {"float32": "float", "float64": "double"}
 
 
 def _hex(value: float) -> str:
+    """An exact C literal of `value` as a double (hexadecimal)."""
     return float(value).hex()
 
 
 def _literal(value: float, dtype: str) -> str:
     """An exact C literal of `value` in `dtype` (hexadecimal, `f` suffix for float)."""
-    text = float(value).hex()
-    return f"{text}f" if dtype == "float32" else text
+    return f"{_hex(value)}f" if dtype == "float32" else _hex(value)
 
 
 def _horner(coefficients: Sequence[float], variable: str,
@@ -64,7 +65,7 @@ def _horner(coefficients: Sequence[float], variable: str,
 def _trig_source(reduction: Reduction, dtype: str) -> str:
     """`sk_turned`: symkern.codegen.trig's polynomial, sin(x + quarter_turns pi/2) for |x|
     within its range."""
-    c_type = _C_TYPES[dtype]
+    c_type = C_TYPES[dtype]
     literal = lambda v: _literal(v, dtype)  # noqa: E731
     parts = "\n".join(f"  r = r - k * {literal(part)};" for part in reduction.pi_over_two_parts)
     sine = _horner(reduction.sine[::-1], "z", literal)
@@ -196,7 +197,7 @@ def _max(dtype: str) -> str:
 
 
 def _table(dtype: str) -> dict[type, Inline]:
-    c_type = _C_TYPES[dtype]
+    c_type = C_TYPES[dtype]
     literal = lambda v: _literal(v, dtype)  # noqa: E731
     fast = literal(REDUCTIONS[np.dtype(dtype)].fast_up_to)
 
@@ -225,7 +226,7 @@ INLINE_FUNCTIONS = tuple(_table("float64"))
 def inline_source(used: set[type], dtype: str) -> str:
     """The C++ of `sk_F_within`, `sk_F_core` and `sk_F` for each function of `used` (some of
     `INLINE_FUNCTIONS`), after the float64 forms and `sk_turned` they call."""
-    c_type = _C_TYPES[dtype]
+    c_type = C_TYPES[dtype]
     suffix = "f" if dtype == "float32" else ""
     table = _table(dtype)
     names = [f.__name__ for f in INLINE_FUNCTIONS if f in used]
@@ -245,4 +246,4 @@ def inline_source(used: set[type], dtype: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["INLINE_FUNCTIONS", "Inline", "inline_source"]
+__all__ = ["C_TYPES", "INLINE_FUNCTIONS", "Inline", "inline_source"]
