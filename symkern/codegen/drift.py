@@ -681,7 +681,7 @@ def _astor_round_trip(_: bool) -> Observation:
 FFI_PARAMETERS = {"register_ffi_target": ("name", "fn", "platform"),
                   "ffi_call": ("target_name", "result_shape_dtypes", "vmap_method")}
 FFI_HEADER_NAMES = ("XLA_FFI_DEFINE_HANDLER_SYMBOL", "ResultBuffer", "typed_data", "dimensions",
-                    "Attr", "Bind", "Success")
+                    "size_bytes", "Attr", "Bind", "Success")
 
 
 def _ffi_interface(_: bool) -> Observation:

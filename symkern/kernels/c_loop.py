@@ -1,7 +1,8 @@
 """kernels: a printed C loop (symkern.codegen.c_loop) compiled, registered with XLA's FFI, and
 called from a JAX program.
 
-Imports jax, numpy, symkern.codegen.c_loop, symkern.errors and symkern.kernels.threads.
+Imports jax, numpy, symkern.codegen.c_loop, symkern.errors, symkern.kernels.memory and
+symkern.kernels.threads.
 
 `compile_loop` writes the source into a directory this process created (mode 0700; removed
 once the library is loaded, and at exit), compiles it with the C++ compiler (`$CXX`, else
@@ -10,7 +11,8 @@ library and registers its handler as an FFI target named after the source's dige
 source compiled once is not compiled again in the process. Nothing is read back from a file
 this process did not write in that call.
 `call_loop` is the `jax.ffi.ffi_call` of it: one custom call in the kernel's program, which
-splits the batch between `cpu_threads()` threads, each taking at least `GRAIN` samples.
+splits the batch between `cpu_threads()` threads, each taking at least `GRAIN` samples, and
+first advises the kernel to back the outputs with huge pages (`huge_page_bytes()`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 
 from symkern.codegen.c_loop import CLoopSource
 from symkern.errors import BuildError
+from symkern.kernels.memory import huge_page_bytes
 from symkern.kernels.threads import cpu_threads
 
 #: the environment variable naming the C++ compiler (else g++, else c++ on the PATH)
@@ -125,7 +128,8 @@ def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[t
               else jnp.reshape(jnp.asarray(parameters, dtype), (-1,)))
     results = [jax.ShapeDtypeStruct((samples, size), dtype) for size in printed.leaf_sizes]
     outputs = jax.ffi.ffi_call(printed.symbol, results, vmap_method="sequential")(
-        *flat, buffer, threads=np.int64(cpu_threads()), grain=np.int64(grain))
+        *flat, buffer, threads=np.int64(cpu_threads()), grain=np.int64(grain),
+        huge_page=np.int64(huge_page_bytes()))
     return [jnp.reshape(out, batch_shape + tuple(shape))
             for out, shape in zip(outputs, leaf_shapes, strict=True)]
 

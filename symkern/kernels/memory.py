@@ -26,10 +26,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
+from pathlib import Path
 
 from symkern.errors import BuildError
 from symkern.kernels.threads import backend_started
+
+#: where Linux says whether anonymous memory may be backed by transparent huge pages, and
+#: their size
+TRANSPARENT_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage")
 
 #: glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -87,3 +93,23 @@ def reuse_cpu_memory(up_to_bytes: int = DEFAULT_UP_TO) -> None:
                                    ("M_TRIM_THRESHOLD", M_TRIM_THRESHOLD, up_to_bytes)):
         if libc.mallopt(parameter, value) != 1:
             raise BuildError(f"reuse_cpu_memory: glibc refused mallopt({name}, {value})")
+
+
+@functools.cache
+def huge_page_bytes() -> int:
+    """The size of the kernel's transparent huge pages where memory a process advises
+    (`madvise(MADV_HUGEPAGE)`) may be backed by them; 0 where it may not (not Linux, huge
+    pages off, or the setting unreadable).
+
+    The C loop (symkern.kernels.c_loop) advises the huge-page-aligned part of each output
+    buffer, which it writes whole: a fresh mapping is then faulted in once every huge page
+    instead of once every 4 KiB page (docs/design/cpu-throughput.md, "Fresh pages").
+    """
+    try:
+        enabled = (TRANSPARENT_HUGE_PAGES / "enabled").read_text()
+        size = int((TRANSPARENT_HUGE_PAGES / "hpage_pmd_size").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    if "[never]" in enabled or size <= 0 or size & (size - 1):
+        return 0
+    return size

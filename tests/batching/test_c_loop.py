@@ -9,6 +9,11 @@ no C++ compiler, except the refusals that come before the compiler is looked for
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import mpmath
@@ -109,6 +114,63 @@ def test_a_sample_gets_the_same_bits_on_both_sides_of_two_threads():
     for n, head in zip((2 * loops.GRAIN - 1, 2 * loops.GRAIN, 2 * loops.GRAIN + 1), heads,
                        strict=True):
         np.testing.assert_array_equal(head, whole[[0, n // 2, n - 1]])
+
+
+HUGE_PAGES = r"""
+import json, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np, sympy as sp, symkern as sk
+from symkern.kernels.memory import huge_page_bytes
+
+x, y = sp.symbols("x y")
+kernel = sk.build_function(sp.Matrix([x * y, sp.sin(x), x + 1, y]), [x, y], dtype="float64",
+                           options=sk.BuildOptions(cpu_loop="c"))
+
+
+def regions():
+    found, start = [], None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            start = [int(v, 16) for v in head[0].split("-")]
+        elif head[0] == "VmFlags:":
+            found.append((*start, "hg" in head[1:]))
+    return found
+
+
+result = {"huge": huge_page_bytes()}
+for label, rows in (("large", int(sys.argv[1])), ("small", int(sys.argv[2]))):
+    data = np.random.default_rng(0).standard_normal((rows, 2))
+    out = kernel(data)
+    begin = out.unsafe_buffer_pointer()
+    end = begin + out.nbytes
+    advised = [(max(lo, begin), min(hi, end)) for lo, hi, hg in regions()
+               if hg and lo < end and hi > begin]
+    result[label] = {"begin": begin, "end": end, "advised": advised,
+                     "error": float(np.max(np.abs(np.asarray(out)[:, 1] - np.sin(data[:, 0]))))}
+print(json.dumps(result))
+"""
+
+
+@needs_compiler
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc")
+def test_the_whole_huge_pages_of_an_output_are_advised_and_nothing_else():
+    # large: 200,000 samples of 4 float64 entries, 6.4 MB, which hold at least one whole
+    # 2 MiB huge page; small: 2,000 samples, 64 KB, which hold none
+    done = subprocess.run([sys.executable, "-c", HUGE_PAGES, "200000", "2000"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    huge = result["huge"]
+    if not huge:
+        pytest.skip("transparent huge pages are off on this machine")
+    for label in ("large", "small"):
+        assert result[label]["error"] < 1e-15, result[label]
+        begin, end = result[label]["begin"], result[label]["end"]
+        inside = [-(-begin // huge) * huge, end // huge * huge]
+        expected = [inside] if inside[1] > inside[0] else []
+        assert result[label]["advised"] == expected, (label, result, expected)
+    assert result["large"]["advised"] and not result["small"]["advised"]
 
 
 @needs_compiler

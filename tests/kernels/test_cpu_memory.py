@@ -82,3 +82,24 @@ def test_another_c_library_is_refused(monkeypatch):
     with pytest.raises(sk.BuildError, match="reuse_cpu_memory: the C library of this process is "
                                             "not glibc"):
         sk.reuse_cpu_memory()
+
+
+@pytest.mark.parametrize(("enabled", "size", "expected"), [
+    ("always [madvise] never\n", "2097152\n", 2097152),
+    ("[always] madvise never\n", "2097152\n", 2097152),
+    ("always madvise [never]\n", "2097152\n", 0),
+    ("always [madvise] never\n", "3000000\n", 0),  # not a power of two
+    ("always [madvise] never\n", "huge\n", 0),
+    ("always [madvise] never\n", None, 0),  # no size to read
+])
+def test_huge_page_bytes_reads_the_kernels_setting(monkeypatch, tmp_path, enabled, size,
+                                                   expected):
+    (tmp_path / "enabled").write_text(enabled)
+    if size is not None:
+        (tmp_path / "hpage_pmd_size").write_text(size)
+    monkeypatch.setattr(memory, "TRANSPARENT_HUGE_PAGES", tmp_path)
+    memory.huge_page_bytes.cache_clear()
+    try:
+        assert memory.huge_page_bytes() == expected
+    finally:
+        memory.huge_page_bytes.cache_clear()
