@@ -10,11 +10,14 @@ body; no SymPy walk, substitution or printer call then recurses on an entry's de
 printed by SymPy's C99 printer as the body of a loop over a block of `BLOCK` samples (one
 512-bit vector of the dtype's numbers) under `#pragma omp simd`, which the compiler
 vectorizes across the block, reading sample i's data and writing its entries straight into
-row i of each equation's `(samples, *shape)` result; the samples after the last whole
-block, and a block in which an argument of an inline function lies outside its condition,
-run sample by sample (`each`), with the same operations. All of it is inside a handler of
-XLA's FFI (`xla/ffi/api/ffi.h`, shipped in jaxlib) that advises the kernel to back the
-outputs with huge pages and splits the batch between threads.
+row i of each equation's `(samples, *shape)` result, with row lengths the compiler may not
+assume (`sk_opaque`: knowing them, g++ vectorizes only rows of 2^k or 3 numbers). What no
+data reaches (a mass matrix's 0s and 1s, a parameter's function) is computed once a call,
+and a block copies those entries into its rows run by run before writing the others. The
+samples after the last whole block, and a block in which an argument of an inline function
+lies outside its condition, run sample by sample (`each`), with the same operations. All of
+it is inside a handler of XLA's FFI (`xla/ffi/api/ffi.h`, shipped in jaxlib) that advises
+the kernel to back the outputs with huge pages and splits the batch between threads.
 symkern.kernels.c_loop compiles and registers it; the kernel's program calls it through
 `jax.ffi.ffi_call`.
 
@@ -130,6 +133,21 @@ for _constant in (sp.NumberSymbol, *sp.NumberSymbol.__subclasses__()):
     setattr(_Printer, f"_print_{_constant.__name__}", _Printer._print_constant)
 
 
+def _copies(leaf: int, size: int, flags: Sequence[bool]) -> list[str]:
+    """The copies of equation `leaf`'s invariant entries, run by run, from its row of them
+    (`t{leaf}`) into a sample's row `i0 + j` (`flags`: which entries vary)."""
+    copies, k = [], 0
+    while k < size:
+        end = k
+        while end < size and not flags[end]:
+            end += 1
+        if end > k:
+            copies.append(f"std::memcpy(O{leaf} + (i0 + j) * {size} + {k}, t{leaf}.data() + {k}, "
+                          f"{end - k} * sizeof(O{leaf}[0]));")
+        k = end + 1
+    return copies
+
+
 def _refuse_unsupported(entries: Sequence[sp.Basic]) -> None:
     for entry in entries:
         for node in sp.preorder_traversal(entry):
@@ -174,26 +192,65 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     c_type = C_TYPES[dtype]
     width = BLOCK[dtype]
 
-    def statements(printer: _Printer, sample: str, checked: bool) -> list[str]:
-        """A sample's reads, shared values and writes (`sample`: its index in C), each value
-        after the conditions on its inline functions' arguments where `checked`."""
-        def checks(value: sp.Basic) -> list[str]:
-            if not checked:
-                return []
-            return [f"out_of_range |= !sk_{call.func.__name__}_within({printer.doprint(call.args[0])});"
-                    for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)]
+    # a shared value or an entry varies from sample to sample where it reads a data symbol or
+    # a shared value that does; the others are computed once a call, as `each` computes them
+    # (`hoisted`), and a block copies its invariant entries into its rows from a row of them
+    varying: set[sp.Basic] = {s for symbols in data for s in symbols}
+    for symbol, value in shared:
+        if value.free_symbols & varying:
+            varying.add(symbol)
+    varies = [bool(value.free_symbols & varying) for value in reduced]
+    places = [(leaf, size, k) for leaf, size in enumerate(leaf_sizes) for k in range(size)]
 
-        lines = [f"const {c_type} {names[s]} = X{a + 1}[{sample} * {len(symbols)} + {k}];"
-                 for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
-        for symbol, value in shared:
-            lines += checks(value) + [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"]
-        start = 0
-        for leaf, size in enumerate(leaf_sizes):
-            for k, value in enumerate(reduced[start:start + size]):
-                lines += checks(value) + [
-                    f"O{leaf}[{sample} * {size} + {k}] = {printer.doprint(value)};"]
-            start += size
-        return lines
+    def checks(value: sp.Basic) -> list[str]:
+        return [f"out_of_range |= !sk_{call.func.__name__}_within({inline.doprint(call.args[0])});"
+                for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)]
+
+    def row(kind: str, index: int, size: int, opaque: bool) -> str:
+        """The length of a row of data (`kind` "x") or of an equation's entries ("o"): a
+        number, or in a block the name `sk_opaque` gave it."""
+        return f"w{kind}{index}" if opaque else str(size)
+
+    def reads(sample: str, opaque: bool) -> list[str]:
+        return [f"const {c_type} {names[s]} = "
+                f"X{a + 1}[{sample} * {row('x', a + 1, len(symbols), opaque)} + {k}];"
+                for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
+
+    def written(leaf: int, size: int, k: int, sample: str, opaque: bool, value: str) -> str:
+        return f"O{leaf}[{sample} * {row('o', leaf, size, opaque)} + {k}] = {value};"
+
+    # sample by sample: every value and entry, the inline functions checked (`sk_F`)
+    each_body = reads("i", opaque=False) + [
+        f"const {c_type} {names[symbol]} = {printer.doprint(value)};" for symbol, value in shared
+    ] + [written(leaf, size, k, "i", False, printer.doprint(value))
+         for (leaf, size, k), value in zip(places, reduced, strict=True)]
+    # once a call: the invariant shared values, and each equation's invariant entries in a row
+    # of its own (`t{leaf}`, on the heap: an equation may have any number of entries)
+    hoisted = [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"
+               for symbol, value in shared if symbol not in varying]
+    row_copies = []
+    start = 0
+    for leaf, size in enumerate(leaf_sizes):
+        flags = varies[start:start + size]
+        if not all(flags):
+            hoisted.append(f"std::vector<{c_type}> t{leaf}({size});")
+            hoisted += [f"t{leaf}[{k}] = {printer.doprint(value)};"
+                        for k, (value, v) in enumerate(zip(reduced[start:start + size], flags,
+                                                           strict=True))
+                        if not v]
+            row_copies += _copies(leaf, size, flags)
+        start += size
+    # a block: the varying values, vectorized, each inline function's argument checked
+    block_body = reads("(i0 + j)", opaque=True)
+    for symbol, value in shared:
+        if symbol in varying:
+            block_body += checks(value) + [f"const {c_type} {names[symbol]} = {inline.doprint(value)};"]
+    for (leaf, size, k), value, v in zip(places, reduced, varies, strict=True):
+        if v:
+            block_body += checks(value) + [
+                written(leaf, size, k, "(i0 + j)", True, inline.doprint(value))]
+    rows = ([f"const int64_t wx{a + 1} = sk_opaque({len(symbols)});" for a, symbols in enumerate(data)]
+            + [f"const int64_t wo{leaf} = sk_opaque({size});" for leaf, size in enumerate(leaf_sizes)])
 
     parameter_reads = [f"const {c_type} {names[s]} = P[{k}];" for k, s in enumerate(parameters)]
     ffi_type = _FFI_TYPES[dtype]
@@ -216,9 +273,13 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     indent = "\n    "
     advice = [f"sk_huge_pages(o{leaf}->typed_data(), o{leaf}->size_bytes(), huge_page);"
               for leaf in range(len(leaf_sizes))]
+    copy_loop = "" if not row_copies else (
+        f"\n    for (int j = 0; j < {width}; ++j) {{{indent}  " + (indent + "  ").join(row_copies)
+        + f"{indent}}}")
     body = f"""// generated by symkern.codegen.c_loop: {len(entries)} entries, {len(shared)} shared values
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <vector>
 #include <sys/mman.h>
@@ -245,26 +306,36 @@ SK_INLINE {c_type} sk_powi({c_type} x) {{
 }}
 
 {inline_source(used, dtype)}
+// a row length the compiler may not assume. Knowing it, g++ vectorizes the block's reads of
+// a sample's data and writes of its entries only where a row holds 2^k or 3 numbers (the
+// groups it can permute), and otherwise leaves the whole block one sample at a time; not
+// knowing it, it reads and writes them number by number and vectorizes the arithmetic
+SK_INLINE int64_t sk_opaque(int64_t n) {{
+  asm("" : "+r"(n));
+  return n;
+}}
+
 // sample by sample, each inline function taking the C library's value outside its condition
 static void each({arguments}, int64_t lo, int64_t hi) {{
   {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
   for (int64_t i = lo; i < hi; ++i) {{
-    {indent.join(statements(printer, "i", checked=False))}
+    {indent.join(each_body)}
   }}
 }}
 
 // {width} samples at a time as one vectorized loop, the inline functions their inline forms
 // alone; a block with an argument outside a condition (or NaN) is computed again sample by
 // sample (`each`, which writes over it and gives a sample within the conditions the same
-// operations, so the same value)
+// operations, so the same value). What no data reaches is computed once, as `each` computes
+// it, and a block copies those entries into its rows before its vectorized loop writes the rest
 static void loop({arguments}, int64_t lo, int64_t hi) {{
-  {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
+  {(indent[:-2]).join(parameter_reads + hoisted + rows)}
   int64_t i0 = lo;
-  for (; i0 + {width} <= hi; i0 += {width}) {{
+  for (; i0 + {width} <= hi; i0 += {width}) {{{copy_loop}
     int out_of_range = 0;
     #pragma omp simd reduction(|:out_of_range)
     for (int j = 0; j < {width}; ++j) {{
-      {(indent + "  ").join(statements(inline, "(i0 + j)", checked=True))}
+      {(indent + "  ").join(block_body)}
     }}
     if (out_of_range) each({call_arguments}, i0, i0 + {width});
   }}

@@ -116,6 +116,39 @@ def test_a_sample_gets_the_same_bits_on_both_sides_of_two_threads():
         np.testing.assert_array_equal(head, whole[[0, n // 2, n - 1]])
 
 
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_entries_no_data_reaches_are_computed_once_and_copied_into_every_row(dtype):
+    # five data numbers a sample and rows of 7, 3 and 2 entries (lengths g++ vectorizes only
+    # when it may not assume them); entries no data reaches: literals, functions of
+    # parameters -- exp(800) and sin(1e7) outside their inline forms' conditions, so the
+    # C library's values -- a Piecewise on a parameter, and an equation of them alone
+    d = sp.symbols("d0:5")
+    q, r = sp.symbols("q r")
+    first = [d[0] * d[1], 0, sp.exp(q), d[2] + p, 1, sp.sin(r * 1e7) * p, sp.cos(d[4]) * d[3]]
+    second = [sp.Piecewise((p, p > 0), (-p, True)), d[1] ** 2, sp.Rational(1, 3)]
+    third = [p + q, 2]
+    eqs = {"first": sp.Matrix(first), "second": sp.Matrix(second), "third": sp.Matrix(third)}
+    kernel = sk.build_function(eqs, list(d), params={"p": p, "q": q, "r": r}, dtype=dtype,
+                               options=C)
+    reference = sk.build_function(eqs, list(d), params={"p": p, "q": q, "r": r},
+                                  dtype="float64" if jax.config.jax_enable_x64 else dtype)
+    assert "std::memcpy(" in kernel.source and "sk_opaque(5)" in kernel.source
+    ps = {"p": -0.75, "q": 800.0 if dtype == "float64" else 80.0, "r": 1.0}
+    data = np.random.default_rng(3).uniform(-2, 2, (2 * loops.GRAIN + 5, 5)).astype(dtype)
+    whole = kernel(data, ps)
+    expected = reference(data, ps)
+    for name in eqs:
+        np.testing.assert_allclose(np.asarray(whole[name], np.float64),
+                                   np.asarray(expected[name], np.float64),
+                                   rtol=1e-13 if dtype == "float64" else 1e-6, atol=1e-30)
+    # each batch size puts a sample in a block or in the samples after the last block
+    for n in (1, 7, 8, 9, 17, 2 * loops.GRAIN + 5):
+        part = kernel(data[:n], ps)
+        for name in eqs:
+            np.testing.assert_array_equal(np.asarray(part[name]), np.asarray(whole[name])[:n])
+
+
 HUGE_PAGES = r"""
 import json, sys
 import jax
