@@ -133,19 +133,17 @@ for _constant in (sp.NumberSymbol, *sp.NumberSymbol.__subclasses__()):
     setattr(_Printer, f"_print_{_constant.__name__}", _Printer._print_constant)
 
 
-def _copies(leaf: int, size: int, flags: Sequence[bool]) -> list[str]:
-    """The copies of equation `leaf`'s invariant entries, run by run, from its row of them
-    (`t{leaf}`) into a sample's row `i0 + j` (`flags`: which entries vary)."""
-    copies, k = [], 0
-    while k < size:
-        end = k
-        while end < size and not flags[end]:
-            end += 1
-        if end > k:
-            copies.append(f"std::memcpy(O{leaf} + (i0 + j) * {size} + {k}, t{leaf}.data() + {k}, "
-                          f"{end - k} * sizeof(O{leaf}[0]));")
-        k = end + 1
-    return copies
+def _copies(leaf: int, size: int, invariant: Sequence[int]) -> list[str]:
+    """The copies of equation `leaf`'s invariant entries (`invariant`: their places, in
+    order), run by run, from its row of them (`t{leaf}`) into a sample's row `i0 + j`."""
+    runs: list[list[int]] = []
+    for k in invariant:
+        if runs and runs[-1][1] == k:
+            runs[-1][1] = k + 1
+        else:
+            runs.append([k, k + 1])
+    return [f"std::memcpy(O{leaf} + (i0 + j) * {size} + {start}, t{leaf}.data() + {start}, "
+            f"{end - start} * sizeof(O{leaf}[0]));" for start, end in runs]
 
 
 def _refuse_unsupported(entries: Sequence[sp.Basic]) -> None:
@@ -219,27 +217,28 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     def written(leaf: int, size: int, k: int, sample: str, opaque: bool, value: str) -> str:
         return f"O{leaf}[{sample} * {row('o', leaf, size, opaque)} + {k}] = {value};"
 
-    # sample by sample: every value and entry, the inline functions checked (`sk_F`)
-    each_body = reads("i", opaque=False) + [
-        f"const {c_type} {names[symbol]} = {printer.doprint(value)};" for symbol, value in shared
-    ] + [written(leaf, size, k, "i", False, printer.doprint(value))
-         for (leaf, size, k), value in zip(places, reduced, strict=True)]
+    # every value and entry with the inline functions checked (`sk_F`), as `each` computes
+    # them and a call computes the invariant ones once
+    values = [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"
+              for symbol, value in shared]
+    results = [printer.doprint(value) for value in reduced]
+    # sample by sample: every value and entry
+    each_body = reads("i", opaque=False) + values + [
+        written(leaf, size, k, "i", False, result)
+        for (leaf, size, k), result in zip(places, results, strict=True)]
     # once a call: the invariant shared values, and each equation's invariant entries in a row
     # of its own (`t{leaf}`, on the heap: an equation may have any number of entries)
-    hoisted = [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"
-               for symbol, value in shared if symbol not in varying]
+    hoisted = [line for (symbol, _), line in zip(shared, values, strict=True)
+               if symbol not in varying]
+    invariant: dict[int, list[tuple[int, str]]] = {}
+    for (leaf, _, k), result, v in zip(places, results, varies, strict=True):
+        if not v:
+            invariant.setdefault(leaf, []).append((k, result))
     row_copies = []
-    start = 0
-    for leaf, size in enumerate(leaf_sizes):
-        flags = varies[start:start + size]
-        if not all(flags):
-            hoisted.append(f"std::vector<{c_type}> t{leaf}({size});")
-            hoisted += [f"t{leaf}[{k}] = {printer.doprint(value)};"
-                        for k, (value, v) in enumerate(zip(reduced[start:start + size], flags,
-                                                           strict=True))
-                        if not v]
-            row_copies += _copies(leaf, size, flags)
-        start += size
+    for leaf, cells in invariant.items():
+        hoisted.append(f"std::vector<{c_type}> t{leaf}({leaf_sizes[leaf]});")
+        hoisted += [f"t{leaf}[{k}] = {result};" for k, result in cells]
+        row_copies += _copies(leaf, leaf_sizes[leaf], [k for k, _ in cells])
     # a block: the varying values, vectorized, each inline function's argument checked
     block_body = reads("(i0 + j)", opaque=True)
     for symbol, value in shared:
