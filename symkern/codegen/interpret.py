@@ -20,8 +20,9 @@ for every sample of the tile. Its program has the same size for 10^3 or 10^6 ope
 (compiled in ~0.3 s); each operation costs ~1 µs per tile of 1,024 samples.
 
 Every sample is computed by the same operations in the same order whatever the tile, the
-batch or the other samples (the last tile is padded with copies of the last sample), so a
-sample's value does not depend on its batch. Derivatives are JAX's of the loop (`jax.grad`
+batch or the other samples, on registers of a whole tile, or of a multiple of
+REGISTER_QUANTUM samples for a batch shorter than a tile (padded with copies of the last
+sample, as the last tile is), so a sample's value does not depend on its batch. Derivatives are JAX's of the loop (`jax.grad`
 stores each operation's operands: memory grows with operations × samples).
 """
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
+import jax.scipy.special as jsp
 import numpy as np
 from jax import lax
 
@@ -45,6 +47,11 @@ from symkern.codegen.operations import reads_values_of
 #: replaces it); measured per operation and sample at 1,024: 0.9 ns, at 100,000 in one
 #: tile: 180-270 ns (docs/design/interpreter.md)
 TILE = 1024
+#: a batch smaller than a tile runs in registers of a multiple of this many samples: XLA's
+#: CPU code computes atan otherwise below 50 samples (other bits than in a whole tile), and
+#: every function the interpreter runs gives the same bits at 64, 128, ... samples as in a
+#: tile (tests/codegen/test_interpret.py; docs/design/interpreter.md)
+REGISTER_QUANTUM = 64
 
 #: the loads: a data column (`a` its index among the columns), a scalar (`a` its index
 #: among the scalars, then the numbers), a scalar parameter (`a` its entry of the packed
@@ -67,6 +74,10 @@ def _binary(op: str) -> bool:
     return op in _BINARY_FUNCTIONS or FUNCTIONS.get(op) == 2
 
 
+#: the modules the callee table's targets name (`jnp.sin`, `jsp.erf`)
+_MODULES = {"jnp": jnp, "jsp": jsp}
+
+
 def _operation(name: str) -> Any:
     """The function of registers an operation name stands for (never eval of a string)."""
     if name in _BINARY_FUNCTIONS:
@@ -77,7 +88,8 @@ def _operation(name: str) -> Any:
         exponent = int(name[len(INTEGER_POWER):])
         return lambda x: lax.integer_pow(x, exponent)
     if name in FUNCTIONS:
-        return getattr(jnp, name.split(".", 1)[1])
+        module, function = name.split(".", 1)
+        return getattr(_MODULES[module], function)
     raise ValueError(f"ops: {name!r} is not an operation of symkern.codegen.interpret")
 
 
@@ -118,6 +130,11 @@ def _evaluate_tile(table: Any, D: Any, S: Any, P: Any, ops: Sequence[str],
     return R[np.asarray(outputs, np.int32)]
 
 
+def _padded(D: Any, rows: int) -> Any:
+    """`D` (columns × samples) with `rows` copies of its last sample: real values, no NaN."""
+    return jnp.pad(D, [(0, 0), (0, rows)], mode="edge") if rows else D
+
+
 def run(table: Any, numbers: Any, columns: Sequence[Any], scalars: Sequence[Any], *,
         ops: Sequence[str], outputs: Sequence[int], registers: int, dtype: str,
         parameters: Any = None, tile: int = TILE) -> tuple[Any, ...]:
@@ -140,12 +157,18 @@ def run(table: Any, numbers: Any, columns: Sequence[Any], scalars: Sequence[Any]
     size = math.prod(batch)
     D = jnp.stack([jnp.broadcast_to(jnp.asarray(c, dtype), batch).reshape(-1) for c in columns])
     concrete = all(isinstance(n, (int, np.integer)) for n in batch)
-    if not concrete or size <= tile:
+    if not concrete or size == 0:
         out = _evaluate_tile(table, D, S, P, ops, outputs, registers)
+    elif size <= tile:
+        # registers of a multiple of REGISTER_QUANTUM samples (or a whole tile of fewer):
+        # XLA's CPU code for a shorter one computes some functions otherwise (atan below 50
+        # samples), and a sample's bits would depend on its batch (docs/design/interpreter.md)
+        padded = min(-(-size // REGISTER_QUANTUM) * REGISTER_QUANTUM, tile)
+        out = _evaluate_tile(table, _padded(D, padded - size), S, P, ops, outputs,
+                             registers)[:, :size]
     else:
         count = -(-size // tile)
-        if count * tile != size:  # padded with the last sample: real values, no NaN
-            D = jnp.pad(D, [(0, 0), (0, count * tile - size)], mode="edge")
+        D = _padded(D, count * tile - size)
         tiles = jnp.moveaxis(D.reshape(len(columns), count, tile), 1, 0)
         out = lax.map(lambda d: _evaluate_tile(table, d, S, P, ops, outputs, registers), tiles)
         out = jnp.moveaxis(out, 0, 1).reshape(len(outputs), count * tile)[:, :size]
