@@ -518,8 +518,8 @@ class Kernel:
     def runs_fused(self) -> bool:
         """Whether a call runs as one executable: nothing to assemble, or `assembly` fused.
 
-        The same at every batch size: the two forms round differently, and a sample's
-        value must not depend on the batch it is in.
+        The same at every batch size: the two forms round differently, and which of them
+        computes a sample must not depend on the batch it is in.
         """
         return not self._needs_assembly or self.assembly == "fused"
 

@@ -17,8 +17,8 @@ kernel's `jnp.sin(x)` and `jnp.cos(x)` to `trig.sin(x)` and `trig.cos(x)`, visib
   (tests/codegen/test_trig.py checks against mpmath);
 - **any other element** (larger, infinite or NaN): `jnp.sin` / `jnp.cos`, the library's value.
 
-An element's value depends on that element alone, never on the batch it is in or on its
-size. The library is evaluated only when some element of the call needs it
+An element's value depends on that element alone, never on the other elements of its
+batch. The library is evaluated only when some element of the call needs it
 (`lax.cond(max |x| <= fast_up_to, polynomial, per element)`): the condition decides what
 is computed, not what a sample gets (both branches compute an in-range element with the
 same operations, and a test checks their bits agree).

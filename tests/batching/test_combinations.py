@@ -238,11 +238,13 @@ def _packed_case(interpret: bool = False, cpu_loop: str = "xla") -> Case:
     """Five scalar parameters: past PACK_FROM_LEAVES, every executable takes them as one
     buffer (the scalar form's two parameters stay separate arguments)."""
     d, e, f = sp.symbols("d e f")
-    # with the C loop, two entries no data reaches between those it does (it computes them
-    # once a call and copies them into each block's rows); not with XLA's program, which with
-    # `a*c + exp(f)` among its entries gives a sample of a batch of 1 other last bits than in
-    # a larger batch (test_a_sample_gets_the_same_bits_in_every_batch fails on it)
-    invariant = cpu_loop == "c"
+    # with the C loop and the interpreter, two entries no data reaches between those it does
+    # (the C loop computes them once a call and copies them into each block's rows); not with
+    # XLA's compiled program, which with `a*c + exp(f)` among its entries gives a sample of a
+    # batch of 1 other last bits than in a larger batch: XLA's CPU backend contracts
+    # multiply-adds into fused ones program by program (docs/design/output-assembly.md,
+    # "Determinism"), and test_a_sample_gets_the_same_bits_in_every_batch fails on it
+    invariant = cpu_loop == "c" or interpret
     entries = [sp.sin(x0) * a + x1 * d, sp.cos(x1) * c - e * x0 ** 2 + f]
     eqs = sp.Matrix([entries[0], sp.Rational(1, 2), entries[1], a * c + sp.exp(f)] if invariant
                     else entries)
