@@ -117,3 +117,23 @@ def test_memory_bound_experiment_smoke_run() -> None:
                                              "-b, XLA elementwise (reference)"]
     assert all(float(rate.replace(",", "")) > 0 for _, rate, _ in rows)
     assert dict((name, ratio) for name, _, ratio in rows)["jnp.copy (reference)"] == "1.00"
+
+
+def test_solved_rhs_smoke_run(tmp_path: Path) -> None:
+    """`benchmarks/solved_rhs.py` runs every tool in both dtypes, checks each against NumPy's
+    float64 solve, and records a ratio per dtype."""
+    out = tmp_path / "solved.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "solved_rhs.py"), "--models", "2",
+               "--batch", "2000", "--rounds", "2", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (model,) = json.loads(out.read_text())["models"]
+    assert model["model"] == "nlink-2" and model["size"] == 6
+    assert {(row["tool"], row["dtype"]) for row in model["tools"].values()} == {
+        (tool, dtype) for tool in ("symkern", "numpy-solve", "jax-solve")
+        for dtype in ("float64", "float32")}
+    for row in model["tools"].values():
+        assert row["samples_per_s"] > 0 and row["max_rel_error"] <= 2e-3
+    assert set(model["ratios"]) == {"float64", "float32"}
+    assert all(r["best_peer"] in ("numpy-solve", "jax-solve") and r["ratio"] > 0
+               for r in model["ratios"].values())
