@@ -22,8 +22,9 @@ for every sample of the tile. Its program has the same size for 10^3 or 10^6 ope
 Every sample is computed by the same operations in the same order whatever the tile, the
 batch or the other samples, on registers of a whole tile, or of a multiple of
 REGISTER_QUANTUM samples for a batch shorter than a tile (padded with copies of the last
-sample, as the last tile is), so a sample's value does not depend on its batch. Derivatives are JAX's of the loop (`jax.grad`
-stores each operation's operands: memory grows with operations × samples).
+sample, as the last tile is), so a sample's value does not depend on its batch. Derivatives
+are JAX's of the loop (`jax.grad` stores each operation's operands: memory grows with
+operations × samples).
 """
 
 from __future__ import annotations
