@@ -175,7 +175,9 @@ def regions():
 result = {"huge": huge_page_bytes()}
 for label, rows in (("large", int(sys.argv[1])), ("small", int(sys.argv[2]))):
     data = np.random.default_rng(0).standard_normal((rows, 2))
-    out = kernel(data)
+    # the call returns before its loop has run (JAX dispatches asynchronously): read the
+    # mappings once it has
+    out = jax.block_until_ready(kernel(data))
     begin = out.unsafe_buffer_pointer()
     end = begin + out.nbytes
     advised = [(max(lo, begin), min(hi, end)) for lo, hi, hg in regions()
