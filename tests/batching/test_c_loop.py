@@ -58,8 +58,13 @@ def test_random_trees_in_one_c_loop_match_sympy_at_30_digits(trees, rows):
     note(f"trees = {trees}")
     kernel = sk.build_function(sp.Matrix(trees), list(X), params={"a": A, "b": B},
                                dtype="float64", options=C)
-    got = np.asarray(kernel(values[:, :3], {"a": values[0, 3], "b": values[0, 4]}))
+    ps = {"a": values[0, 3], "b": values[0, 4]}
+    got = np.asarray(kernel(values[:, :3], ps))
     assert got.shape == (len(values), len(trees))
+    # a sample gets the same bits alone and in a batch of another size at another position
+    # (docs/design/output-assembly.md, "Determinism")
+    np.testing.assert_array_equal(np.asarray(kernel(values[:1, :3], ps)), got[:1])
+    np.testing.assert_array_equal(np.asarray(kernel(values[1:, :3], ps)), got[1:])
     for column, tree in enumerate(trees):
         naive = float64_evaluation(tree, values)
         for k, row in enumerate(values):
