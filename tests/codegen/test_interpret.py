@@ -190,7 +190,7 @@ def test_every_function_gets_the_same_bits_in_every_batch(dtype):
     assert kernel.form == "interpreted"
     data = np.random.default_rng(5).uniform(-0.9, 0.9, (3000, 3)).astype(dtype)
     whole = np.asarray(kernel(data))
-    for n in (1, 3, 17, 49, 64, 65, 333, 1025):  # both sides of the quantum and of a tile
+    for n in (1, 3, 49, 65, 1025):  # both sides of the quantum and of a tile
         for start in (0, 7):
             part = np.asarray(kernel(data[start:start + n]))
             np.testing.assert_array_equal(part, whole[start:start + n], err_msg=f"{n} at {start}")
