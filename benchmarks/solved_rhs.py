@@ -59,7 +59,6 @@ class Symkern:
         import symkern as sk
 
         self.dtype = dtype
-        self.params = params
         expr = sp.MatMul(sp.Inverse(sp.ImmutableMatrix(mass)), sp.ImmutableMatrix(forcing))
         self.kernel = sk.build_function(expr, states, params=params, dtype=dtype)
 

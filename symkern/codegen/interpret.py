@@ -160,19 +160,23 @@ def run(table: Any, numbers: Any, columns: Sequence[Any], scalars: Sequence[Any]
     concrete = all(isinstance(n, (int, np.integer)) for n in batch)
     if not concrete or size == 0:
         out = _evaluate_tile(table, D, S, P, ops, outputs, registers)
-    elif size <= tile:
-        # registers of a multiple of REGISTER_QUANTUM samples (or a whole tile of fewer):
-        # XLA's CPU code for a shorter one computes some functions otherwise (atan below 50
-        # samples), and a sample's bits would depend on its batch (docs/design/interpreter.md)
-        padded = min(-(-size // REGISTER_QUANTUM) * REGISTER_QUANTUM, tile)
-        out = _evaluate_tile(table, _padded(D, padded - size), S, P, ops, outputs,
-                             registers)[:, :size]
     else:
-        count = -(-size // tile)
-        D = _padded(D, count * tile - size)
-        tiles = jnp.moveaxis(D.reshape(len(columns), count, tile), 1, 0)
-        out = lax.map(lambda d: _evaluate_tile(table, d, S, P, ops, outputs, registers), tiles)
-        out = jnp.moveaxis(out, 0, 1).reshape(len(outputs), count * tile)[:, :size]
+        # registers of whole tiles, or below a tile of a multiple of REGISTER_QUANTUM
+        # samples (a whole tile where that is fewer): XLA's CPU code for a shorter register
+        # computes some functions otherwise (atan below 50 samples), and a sample's bits
+        # would depend on its batch (docs/design/interpreter.md)
+        length = tile if size > tile else min(-(-size // REGISTER_QUANTUM) * REGISTER_QUANTUM,
+                                              tile)
+        count = -(-size // length)
+        D = _padded(D, count * length - size)
+        if count == 1:
+            out = _evaluate_tile(table, D, S, P, ops, outputs, registers)
+        else:
+            tiles = jnp.moveaxis(D.reshape(len(columns), count, length), 1, 0)
+            out = lax.map(lambda d: _evaluate_tile(table, d, S, P, ops, outputs, registers),
+                          tiles)
+            out = jnp.moveaxis(out, 0, 1).reshape(len(outputs), count * length)
+        out = out[:, :size]
     return tuple(out[k].reshape(batch) for k in range(len(outputs)))
 
 

@@ -51,7 +51,9 @@ EAGER_BATCHES = {form: ((), (1,), (64,), (65,), (4096,), (4097,), (3, 5))
                  for form in ("scalar-const-args", "contracted", "vectorized", "scalar-packed",
                              "array")}
 EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
-for _form in ("interpreted", "interpreted-packed"):  # both sides of a tile of 1,024
+# both sides of a tile of 1,024 and of the register quantum of 64 (every path runs at 65
+# and at (3, 5), 15 samples, too)
+for _form in ("interpreted", "interpreted-packed"):
     EAGER_BATCHES[_form] = ((), (1,), (1023,), (1024,), (1025,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
 for _form in ("c-loop", "c-loop-float32", "c-loop-packed"):  # both sides of two threads
