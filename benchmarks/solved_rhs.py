@@ -8,7 +8,8 @@ Usage: python benchmarks/solved_rhs.py [--models 2,4,8] [--batch 100000] [--roun
 equations as `compare.py --peers`' nlink-n workloads). A user of symkern writes the solve as
 a matrix expression, `MatMul(Inverse(M), f)`: the kernel computes M's and f's entries for
 every sample and solves the batch of systems with `jnp.linalg.solve` (the matrix expression
-stays an array operation, docs/design/matrix-expressions.md). The peers compute the same
+stays an array operation, docs/design/matrix-expressions.md); `symkern-c`, built with
+`BuildOptions(cpu_loop="c")`, solves each sample's system in a C loop instead. The peers compute the same
 entries and solve as their users would:
 
   numpy-solve   lambdify (NumPy, `cse=True`) of M's and f's entries, stacked into
@@ -19,7 +20,8 @@ entries and solve as their users would:
 each in float64 and float32 (data, parameters and the solve in that dtype). All tools run in
 one process, interleaved: the median of `--rounds` calls at `--batch` samples, as samples/s,
 and each tool's build (to its first result at 1,024 samples). Every result is checked against
-NumPy's float64 solve. The ratio is symkern over the best peer of the same dtype.
+NumPy's float64 solve. The ratios are symkern's and symkern-c's over the best peer of the
+same dtype.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def equations(n: int) -> tuple[Any, Any, list, dict, dict]:
 
 
 class Symkern:
-    """`MatMul(Inverse(M), f)` as one kernel."""
+    """`MatMul(Inverse(M), f)` as one kernel (the default XLA program)."""
+
+    cpu_loop = "xla"
 
     def __init__(self, mass, forcing, states, params, dtype: str) -> None:
         import sympy as sp
@@ -60,7 +64,8 @@ class Symkern:
 
         self.dtype = dtype
         expr = sp.MatMul(sp.Inverse(sp.ImmutableMatrix(mass)), sp.ImmutableMatrix(forcing))
-        self.kernel = sk.build_function(expr, states, params=params, dtype=dtype)
+        self.kernel = sk.build_function(expr, states, params=params, dtype=dtype,
+                                        options=sk.BuildOptions(cpu_loop=self.cpu_loop))
 
     def prepare(self, X, values) -> tuple:
         import jax
@@ -71,6 +76,13 @@ class Symkern:
 
     def __call__(self, X, ps) -> Any:
         return self.kernel(X, ps)
+
+
+class SymkernC(Symkern):
+    """The same kernel with `BuildOptions(cpu_loop="c")`: each sample's system solved by a
+    C loop (symkern.codegen.c_solve)."""
+
+    cpu_loop = "c"
 
 
 class NumpySolve:
@@ -140,7 +152,10 @@ class JaxSolve(NumpySolve):
         return self.jitted(columns, ps)
 
 
-TOOLS = {"symkern": Symkern, "numpy-solve": NumpySolve, "jax-solve": JaxSolve}
+TOOLS = {"symkern": Symkern, "symkern-c": SymkernC, "numpy-solve": NumpySolve,
+         "jax-solve": JaxSolve}
+#: the tools whose ratio over the best peer is reported
+OURS = ("symkern", "symkern-c")
 
 
 def block(value: Any) -> Any:
@@ -158,8 +173,12 @@ def measure(n: int, batch: int, rounds: int) -> dict:
     reference = NumpySolve(mass, forcing, states, params, "float64")
     want = reference(*reference.prepare(X, values))
     tools, arguments, rows = {}, {}, {}
+    from symkern.kernels.c_loop import compiler
+
+    chosen = {name: cls for name, cls in TOOLS.items()
+              if name != "symkern-c" or compiler() is not None}  # the C solve needs g++
     for dtype in DTYPES:
-        for name, cls in TOOLS.items():
+        for name, cls in chosen.items():
             label = f"{name}-{dtype}"
             began = time.perf_counter()
             tool = cls(mass, forcing, states, params, dtype)
@@ -185,11 +204,12 @@ def measure(n: int, batch: int, rounds: int) -> dict:
     ratios = {}
     for dtype in DTYPES:
         peers = {label: row for label, row in rows.items()
-                 if row["dtype"] == dtype and row["tool"] != "symkern"}
+                 if row["dtype"] == dtype and row["tool"] not in OURS}
         best = max(peers, key=lambda label: peers[label]["samples_per_s"])
-        ratios[dtype] = {"best_peer": rows[best]["tool"],
-                         "ratio": rows[f"symkern-{dtype}"]["samples_per_s"]
-                         / rows[best]["samples_per_s"]}
+        ratios[dtype] = {"best_peer": rows[best]["tool"]}
+        for ours in (o for o in OURS if o in chosen):
+            ratios[dtype][ours] = (rows[f"{ours}-{dtype}"]["samples_per_s"]
+                                   / rows[best]["samples_per_s"])
     return {"model": f"nlink-{n}", "size": mass.rows, "tools": rows, "ratios": ratios}
 
 
@@ -218,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
             cells = "  ".join(f"{t['tool']} {t['samples_per_s'] / 1e6:.2f} M/s ({t['build_s']:.1f} s)"
                               for t in row["tools"].values() if t["dtype"] == dtype)
             ratio = row["ratios"][dtype]
-            print(f"{row['model']} ({row['size']}x{row['size']}) {dtype}: {cells}  symkern / "
-                  f"{ratio['best_peer']} {ratio['ratio']:.2f}", flush=True)
+            over = "  ".join(f"{ours} / {ratio['best_peer']} {ratio[ours]:.2f}"
+                             for ours in OURS if ours in ratio)
+            print(f"{row['model']} ({row['size']}x{row['size']}) {dtype}: {cells}  {over}",
+                  flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -8,6 +8,7 @@ the kernel is a `StructuredKernel` over the array program `generate_arrays` prin
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -17,9 +18,18 @@ import sympy as sp
 from symkern.batching.build import resolve_dtype
 from symkern.batching.program import KernelSignature
 from symkern.batching.structured import StructuredKernel, array_program_kernel
-from symkern.codegen.arrays import ArrayLeaf, array_leaf, generate_arrays, needs_array_program
+from symkern.codegen.arrays import (
+    ArrayLeaf,
+    array_leaf,
+    generate_arrays,
+    needs_array_program,
+    use_c_solve,
+)
 from symkern.codegen.passes import BuildOptions, refuse_c_loop_option, refuse_unbatched_outputs
+from symkern.codegen.pipeline import print_source
+from symkern.codegen.structured import StructuredCode
 from symkern.errors import BuildError
+from symkern.kernels.c_loop import compiler
 from symkern.kernels.constants import origin_of
 from symkern.symbolic.arguments import (
     ArgumentSpec,
@@ -129,7 +139,6 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
     resolved_dtype = resolve_dtype(options.dtype, imaginary)
     chosen = options.resolved(resolved_dtype)
     refuse_unbatched_outputs(chosen, "a kernel of matrix expressions")
-    refuse_c_loop_option(chosen, "a kernel of matrix expressions")
     start = time.perf_counter()
     data = [_matrix_symbol_spec(arg, f"x{k + 1}", (), vector_rows=True)
             if isinstance(arg, sp.MatrixSymbol) else data_argument(arg, k + 1)
@@ -142,7 +151,31 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
                            embed_max_bytes=chosen.embed_max_bytes, dtype=resolved_dtype)
     signature = KernelSignature(tuple(data), tuple(parameters), treedef, resolved_dtype,
                                 params is not None)
+    portable = None
+    if chosen.cpu_loop == "c":
+        portable, code = code, _c_solves(code, chosen, resolved_dtype)
     return array_program_kernel(
         code, signature, equations, chosen, start, "<symkern array kernel>",
         lambda literal: origin_of(literal.used_by, equations.label_of_entry,
-                                  "numeric matrix in a matrix expression (generate_arrays)"))
+                                  "numeric matrix in a matrix expression (generate_arrays)"),
+        portable=portable)
+
+
+def _c_solves(code: StructuredCode, options: BuildOptions, dtype: Any) -> StructuredCode:
+    """`code` with its linear solves run by the C solve (`cpu_loop="c"`), or a BuildError
+    naming what stands in the way."""
+    def refuse(reason: str) -> None:
+        raise BuildError(f"cpu_loop='c': {reason}; build with the default cpu_loop='xla'")
+
+    if jax.default_backend() != "cpu":
+        refuse(f"the C solve runs on the CPU, and JAX's default backend is "
+               f"{jax.default_backend()}")
+    if dtype.name not in ("float32", "float64"):
+        refuse(f"the C solve computes float32 or float64, and the kernel's dtype is {dtype.name}")
+    module, changed = use_c_solve(code.generated.module)
+    if not changed:
+        refuse_c_loop_option(options, "a kernel of matrix expressions")
+    if compiler() is None:
+        refuse("no C++ compiler found (set $CXX, or install g++)")
+    generated = dataclasses.replace(code.generated, module=module, source=print_source(module))
+    return dataclasses.replace(code, generated=generated)

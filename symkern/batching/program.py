@@ -374,7 +374,16 @@ class StructuredProgram(ScalarProgram):
         self.layout = layout
         self.needs_assembly = layout.needs_assembly
         self.tile_chunk = tile_chunk
+        #: the same program without custom calls (BuildOptions(cpu_loop="c") makes its
+        #: solves C loops): what export and shard run; None when this one has none
+        self.portable_program: StructuredProgram | None = None
         self.entry_dtypes = (np.dtype(self.dtype),) * self.entry_count
+
+    @property
+    def portable(self) -> StructuredProgram:
+        """This program as the exported and sharded forms run it: without the C solve's
+        custom calls where it has them (an FFI target lives in the process that compiled it)."""
+        return self.portable_program or self
 
     @property
     def entry_count(self) -> int:

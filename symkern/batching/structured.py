@@ -74,6 +74,8 @@ class StructuredKernel(Kernel):
     @tile_chunk.setter
     def tile_chunk(self, chunk: int | None) -> None:
         self.program.tile_chunk = chunk
+        if self.program.portable_program is not None:
+            self.program.portable_program.tile_chunk = chunk
 
     def largest_intermediate(self) -> int:
         """The most values an array computed from the data holds for one sample."""
@@ -171,10 +173,12 @@ def array_program_kernel(code: StructuredCode, signature: KernelSignature,
                          equations: EquationSet, chosen: BuildOptions, start: float,
                          filename: str, origin: Callable[[HoistedLiteral], str],
                          tile_chunk: Callable[[StructuredProgram], int | None] | None = None,
-                         ) -> StructuredKernel:
+                         portable: StructuredCode | None = None) -> StructuredKernel:
     """The `StructuredKernel` of an array program's code (a network's, a matrix
     expression's): its hoisted literals as const args, the code compiled, the timings since
-    `start`; tiled by `chosen.tile_chunk`, else as `tile_chunk(program)` says."""
+    `start`; tiled by `chosen.tile_chunk`, else as `tile_chunk(program)` says. `portable`:
+    the same program without custom calls (where `code` calls the C solve), which export
+    and shard run instead (`program.portable`)."""
     # entries stacked in one executable: an array program's leaves are whole arrays, and its
     # scalar entries few (the formulas around them)
     generated = dataclasses.replace(code.generated, assembly=chosen.assembly or FUSED)
@@ -189,6 +193,11 @@ def array_program_kernel(code: StructuredCode, signature: KernelSignature,
     program = StructuredProgram(generated, function, signature, equations,
                                 tuple(c.value for c in const_args), code.layout)
     program.tile_chunk = chosen.tile_chunk or (tile_chunk(program) if tile_chunk else None)
+    if portable is not None:
+        plain = dataclasses.replace(portable.generated, assembly=generated.assembly)
+        program.portable_program = StructuredProgram(
+            plain, compile_kernel(plain.module, None, filename), signature, equations,
+            program.const_values, portable.layout, program.tile_chunk)
     return StructuredKernel(program, timings, tuple(const_args), options=chosen)
 
 

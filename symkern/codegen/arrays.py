@@ -19,6 +19,7 @@ scalar entries, described by a `StructuredLayout`.
 from __future__ import annotations
 
 import ast
+import copy
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -68,7 +69,7 @@ ARRAY_OPERATIONS = (ArrayTensorProduct, ArrayContraction, PermuteDims, ArrayDiag
 #: callees through which a data argument may be read whole: each treats the leading axes
 #: as batch axes (the axis arguments are checked by `check_batch_polymorphic`)
 BATCH_POLYMORPHIC = frozenset({
-    "jnp.linalg.solve", "jnp.linalg.inv", "jnp.linalg.det", "jnp.linalg.matrix_power",
+    "jnp.linalg.solve", "clinalg.solve", "jnp.linalg.inv", "jnp.linalg.det", "jnp.linalg.matrix_power",
     "jnp.swapaxes", "jnp.trace", "jnp.einsum", "jnp.expand_dims", "jnp.sum", "jnp.concatenate",
 })
 #: the axis keywords a callee must be given (without them it reduces or joins the batch)
@@ -856,6 +857,19 @@ def _check_axes(call: ast.Call, rule: str) -> None:
             number = ast.literal_eval(value) if isinstance(value, (ast.Constant, ast.UnaryOp)) else 0
             if not (isinstance(number, int) and number < 0):
                 raise _drift(rule, "axes counted from the end (negative)", ast.unparse(call))
+
+
+def use_c_solve(module: ast.Module) -> tuple[ast.Module, int]:
+    """A copy of an array kernel's module with each `jnp.linalg.solve(A, B)` a
+    `clinalg.solve(A, B)` (`BuildOptions(cpu_loop="c")`: each sample's system solved by a C
+    loop, symkern.kernels.c_loop.solve), and how many calls it changed."""
+    copied = copy.deepcopy(module)
+    changed = 0
+    for node in ast.walk(copied):
+        if isinstance(node, ast.Call) and dotted_name(node.func) == "jnp.linalg.solve":
+            node.func = ast.Attribute(ast.Name("clinalg", ast.Load()), "solve", ast.Load())
+            changed += 1
+    return ast.fix_missing_locations(copied), changed
 
 
 # ---- the whole kernel ---------------------------------------------------------------------------

@@ -38,9 +38,11 @@ def _gate_jvp(primals, tangents):
     return primal, jnp.where(taken, tangent, jnp.zeros_like(tangent))
 
 
-def kernel_namespace(functions: dict | None = None) -> dict:
-    """The globals a kernel runs with: jnp, lax, jsp, gate, vec, trig, interp and the user's
-    functions."""
+def kernel_namespace(functions: dict | None = None, clinalg: object = None) -> dict:
+    """The globals a kernel runs with: jnp, lax, jsp, gate, vec, trig, interp, the user's
+    functions and `clinalg`, the C solve an array kernel built with `cpu_loop="c"` calls
+    (`clinalg.solve`, symkern.kernels.c_loop's: the import direction runs kernels to
+    codegen, so symkern.kernels.stage hands it in)."""
     return {
         # No builtin the generated code could name (the rules admit no such name), but C
         # extensions called from a kernel's frame import lazily through that frame's
@@ -55,6 +57,7 @@ def kernel_namespace(functions: dict | None = None) -> dict:
         "vec": vecops,
         "interp": interpret.NAMESPACE,
         "functions": dict(functions or {}),
+        "clinalg": clinalg,
     }
 
 

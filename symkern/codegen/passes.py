@@ -78,10 +78,12 @@ CPU_LOOPS = ("xla", "c")
 
 def refuse_c_loop_option(options: BuildOptions, kernel: str) -> None:
     """A BuildError for `cpu_loop="c"` in a build whose program works on whole arrays
-    (`kernel` names it): the C loop prints scalar equations only."""
+    (`kernel` names it) without a linear solve: the C loop prints scalar equations and the
+    solves of matrix expressions only."""
     if options.cpu_loop != "xla":
-        raise BuildError(f"cpu_loop: {options.cpu_loop!r} applies to scalar equations "
-                         f"(build_function's); {kernel} computes whole arrays; leave it out")
+        raise BuildError(f"cpu_loop: {options.cpu_loop!r} applies to scalar equations and to "
+                         f"the linear solves of matrix expressions (build_function's); "
+                         f"{kernel} computes whole arrays without one; leave it out")
 
 
 def refuse_unbatched_outputs(options: BuildOptions, kernel: str) -> None:
@@ -147,7 +149,9 @@ class BuildOptions:
       an interpreted one's (None: interpret.TILE).
     - `cpu_loop`: "xla" (the kernel's XLA program) or "c": on the CPU, calls run one C++
       loop over the batch, compiled at build time (symkern.codegen.c_loop; needs a C++
-      compiler); derivatives, export and shard run the XLA program (CPU_LOOPS).
+      compiler); in a kernel of matrix expressions, each batch of linear systems is solved
+      by a C loop, a system at a time (symkern.codegen.c_solve); derivatives, export and
+      shard run the XLA program (CPU_LOOPS).
     - `constant_outputs`: "broadcast" (every output shaped `batch + its shape`) or
       "unbatched": an output none of whose entries reads a data argument comes back with its
       own shape only, as lambdify returns it (CONSTANT_OUTPUTS; docs/guide.md).

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from symkern.codegen.c_loop import CLoopSource
+from symkern.codegen.c_solve import CSolveSource, c_solve_source
 from symkern.errors import BuildError
 from symkern.kernels.memory import huge_page_bytes
 from symkern.kernels.threads import cpu_threads
@@ -52,6 +54,9 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopen
 #: thread's speed, at 16,384 at 0.94, 1.52 and 1.35x (docs/design/cpu-throughput.md, "A C
 #: loop per sample")
 GRAIN = 8192
+#: the most unknowns a system solved by the C solve has (`solve`); larger systems are
+#: `jnp.linalg.solve`'s
+SOLVE_UP_TO = 64
 #: seconds a compilation may take
 COMPILE_TIMEOUT = 600
 
@@ -77,7 +82,7 @@ def _private_directory() -> Path:
     return _directory
 
 
-def compile_loop(printed: CLoopSource) -> str:
+def compile_loop(printed: CLoopSource | CSolveSource) -> str:
     """Compile and register `printed` (once per process); the FFI target's name."""
     with _lock:
         if printed.digest in _targets:
@@ -134,4 +139,59 @@ def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[t
             for out, shape in zip(outputs, leaf_shapes, strict=True)]
 
 
-__all__ = ["COMPILER_ENV", "FLAGS", "GRAIN", "call_loop", "compile_loop", "compiler"]
+def _solved(a: Any, b: Any) -> Any:
+    """x with `a @ x = b` for every sample: `a` `(samples, n, n)`, `b` `(samples, n, k)`,
+    by the C solve (symkern.codegen.c_solve) of `a`'s size and dtype, compiled once."""
+    printed = c_solve_source(int(a.shape[-1]), int(b.shape[-1]), a.dtype.name)
+    compile_loop(printed)
+    result = jax.ShapeDtypeStruct(b.shape, b.dtype)
+    return jax.ffi.ffi_call(printed.symbol, result, vmap_method="broadcast_all")(
+        a, b, threads=np.int64(cpu_threads()), grain=np.int64(GRAIN))
+
+
+@jax.custom_jvp
+def _solve_batch(a: Any, b: Any) -> Any:
+    return _solved(a, b)
+
+
+@_solve_batch.defjvp
+def _solve_batch_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    # d(A^-1 B) = A^-1 (dB - dA x): a tangent JAX can transpose (jnp.linalg.solve's own),
+    # so jax.grad and jax.hessian differentiate through the C solve's value
+    a, b = primals
+    da, db = tangents
+    x = _solve_batch(a, b)
+    return x, jnp.linalg.solve(a, db - da @ x)
+
+
+def solve(a: Any, b: Any) -> Any:
+    """`jnp.linalg.solve(a, b)`, each sample's system solved by the C solve
+    (symkern.codegen.c_solve) on the CPU: `a` `(..., n, n)`, `b` `(..., n)` when it has one
+    axis, else `(..., n, k)`, their batch axes broadcast together, float32 or float64.
+
+    A matrix without batch axes (one factorization for every sample), a system of more than
+    `SOLVE_UP_TO` unknowns, another dtype or another backend is `jnp.linalg.solve`'s.
+    Derivatives are `jnp.linalg.solve`'s rule applied at the C solve's value.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    dtype = jnp.result_type(a, b)
+    if (a.ndim < 3 or a.shape[-1] > SOLVE_UP_TO or dtype.name not in ("float32", "float64")
+            or jax.default_backend() != "cpu"):
+        return jnp.linalg.solve(a, b)
+    vector = b.ndim == 1
+    rhs = b[:, None] if vector else b
+    if a.shape[-1] != a.shape[-2] or rhs.shape[-2] != a.shape[-1]:
+        return jnp.linalg.solve(a, b)  # its own error names the shapes
+    batch = jnp.broadcast_shapes(a.shape[:-2], rhs.shape[:-2])
+    a = jnp.broadcast_to(a.astype(dtype), batch + a.shape[-2:])
+    rhs = jnp.broadcast_to(rhs.astype(dtype), batch + rhs.shape[-2:])
+    x = _solve_batch(a, rhs)
+    return x[..., 0] if vector else x
+
+
+#: what a kernel's code reaches as `clinalg` (symkern.codegen.namespace): `clinalg.solve`
+C_LINALG = types.SimpleNamespace(solve=solve)
+
+
+__all__ = ["C_LINALG", "COMPILER_ENV", "FLAGS", "GRAIN", "SOLVE_UP_TO", "call_loop", "compile_loop",
+           "compiler", "solve"]

@@ -1,6 +1,6 @@
 """kernels, stage 3: compile the rewritten module, trace it to a jaxpr, lower and compile it.
 
-Imports jax, symkern.codegen and symkern.errors; nothing from batching.
+Imports jax, symkern.codegen, symkern.errors and symkern.kernels.c_loop; nothing from batching.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from symkern.codegen.namespace import kernel_namespace
 from symkern.codegen.rules import KERNEL_NAME
+from symkern.kernels.c_loop import C_LINALG
 
 
 def compile_kernel(module: ast.Module, functions: Mapping[str, Callable] | None,
@@ -21,7 +22,7 @@ def compile_kernel(module: ast.Module, functions: Mapping[str, Callable] | None,
     The code is ours (built rule by rule from SymPy's output, never from a user's text);
     it runs in a namespace holding only the kernel namespace and no builtins.
     """
-    namespace = kernel_namespace(dict(functions or {}))
+    namespace = kernel_namespace(dict(functions or {}), C_LINALG)
     # the rules leave new nodes without source positions; one pass here, not one per rule
     ast.fix_missing_locations(module)
     exec(compile(module, filename, "exec"), namespace)  # noqa: S102 - generated tree, no user text

@@ -260,8 +260,9 @@ def test_derivatives_are_the_xla_programs():
     (lambda: sk.build_function(p ** 2, params={"p": p}, dtype="float64", options=C),
      "no data argument"),
     (lambda: sk.build_function(sp.MatrixSymbol("W", 2, 2) * sp.MatrixSymbol("v", 2, 1),
-                               sp.MatrixSymbol("v", 2, 1), dtype="float64", options=C),
-     "whole arrays"),
+                               sp.MatrixSymbol("v", 2, 1), params={"W": sp.MatrixSymbol("W", 2, 2)},
+                               dtype="float64", options=C),
+     "whole arrays without one"),
     (lambda: sk.BuildOptions(cpu_loop="C"), "cpu_loop: expected one of"),
 ])
 def test_what_the_loop_cannot_compute_is_refused_by_name(make, message):
