@@ -13,7 +13,10 @@ vectorizes across the block, reading sample i's data and writing its entries str
 row i of each equation's `(samples, *shape)` result, with row lengths the compiler may not
 assume (`sk_opaque`: knowing them, g++ vectorizes only rows of 2^k or 3 numbers). What no
 data reaches (a mass matrix's 0s and 1s, a parameter's function) is computed once a call,
-and a block copies those entries into its rows run by run before writing the others. The
+and a block copies those entries into its rows run by run before writing the others; where
+the call's outputs are as large as the last-level cache (the handler's `stream`), a block
+writes what varies into a stage of its rows that holds the others from the start, and
+streams the stage into the result past the caches (non-temporal stores). The
 samples after the last whole block, and a block in which an argument of an inline function
 lies outside its condition, run sample by sample (`each`), with the same operations. All of
 it is inside a handler of XLA's FFI (`xla/ffi/api/ffi.h`, shipped in jaxlib) that advises
@@ -133,16 +136,16 @@ for _constant in (sp.NumberSymbol, *sp.NumberSymbol.__subclasses__()):
     setattr(_Printer, f"_print_{_constant.__name__}", _Printer._print_constant)
 
 
-def _copies(leaf: int, size: int, invariant: Sequence[int]) -> list[str]:
+def _copies(leaf: int, size: int, invariant: Sequence[int], row: str) -> list[str]:
     """The copies of equation `leaf`'s invariant entries (`invariant`: their places, in
-    order), run by run, from its row of them (`t{leaf}`) into a sample's row `i0 + j`."""
+    order), run by run, from its row of them (`t{leaf}`) into the row starting at `row`."""
     runs: list[list[int]] = []
     for k in invariant:
         if runs and runs[-1][1] == k:
             runs[-1][1] = k + 1
         else:
             runs.append([k, k + 1])
-    return [f"std::memcpy(O{leaf} + (i0 + j) * {size} + {start}, t{leaf}.data() + {start}, "
+    return [f"std::memcpy({row} + {start}, t{leaf}.data() + {start}, "
             f"{end - start} * sizeof(O{leaf}[0]));" for start, end in runs]
 
 
@@ -214,9 +217,6 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
                 f"X{a + 1}[{sample} * {row('x', a + 1, len(symbols), opaque)} + {k}];"
                 for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
 
-    def written(leaf: int, size: int, k: int, sample: str, opaque: bool, value: str) -> str:
-        return f"O{leaf}[{sample} * {row('o', leaf, size, opaque)} + {k}] = {value};"
-
     # every value and entry with the inline functions checked (`sk_F`), as `each` computes
     # them and a call computes the invariant ones once
     values = [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"
@@ -224,7 +224,7 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     results = [printer.doprint(value) for value in reduced]
     # sample by sample: every value and entry
     each_body = reads("i", opaque=False) + values + [
-        written(leaf, size, k, "i", False, result)
+        f"O{leaf}[i * {size} + {k}] = {result};"
         for (leaf, size, k), result in zip(places, results, strict=True)]
     # once a call: the invariant shared values, and each equation's invariant entries in a row
     # of its own (`t{leaf}`, on the heap: an equation may have any number of entries)
@@ -234,20 +234,22 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     for (leaf, _, k), result, v in zip(places, results, varies, strict=True):
         if not v:
             invariant.setdefault(leaf, []).append((k, result))
-    row_copies = []
+    row_copies, stage_copies = [], []
     for leaf, cells in invariant.items():
         hoisted.append(f"std::vector<{c_type}> t{leaf}({leaf_sizes[leaf]});")
         hoisted += [f"t{leaf}[{k}] = {result};" for k, result in cells]
-        row_copies += _copies(leaf, leaf_sizes[leaf], [k for k, _ in cells])
+        places_of = [k for k, _ in cells]
+        row_copies += _copies(leaf, leaf_sizes[leaf], places_of, f"D{leaf} + j * {leaf_sizes[leaf]}")
+        stage_copies += _copies(leaf, leaf_sizes[leaf], places_of,
+                                f"S{leaf}.data() + j * {leaf_sizes[leaf]}")
     # a block: the varying values, vectorized, each inline function's argument checked
     block_body = reads("(i0 + j)", opaque=True)
     for symbol, value in shared:
         if symbol in varying:
             block_body += checks(value) + [f"const {c_type} {names[symbol]} = {inline.doprint(value)};"]
-    for (leaf, size, k), value, v in zip(places, reduced, varies, strict=True):
+    for (leaf, _, k), value, v in zip(places, reduced, varies, strict=True):
         if v:
-            block_body += checks(value) + [
-                written(leaf, size, k, "(i0 + j)", True, inline.doprint(value))]
+            block_body += checks(value) + [f"D{leaf}[j * wo{leaf} + {k}] = {inline.doprint(value)};"]
     rows = ([f"const int64_t wx{a + 1} = sk_opaque({len(symbols)});" for a, symbols in enumerate(data)]
             + [f"const int64_t wo{leaf} = sk_opaque({size});" for leaf, size in enumerate(leaf_sizes)])
 
@@ -264,17 +266,31 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
         [f"ffi::Buffer<ffi::{ffi_type}> x{a + 1}" for a in range(len(data))]
         + [f"ffi::Buffer<ffi::{ffi_type}> p"]
         + [f"ffi::ResultBuffer<ffi::{ffi_type}> o{leaf}" for leaf in range(len(leaf_sizes))]
-        + ["int64_t threads", "int64_t grain", "int64_t huge_page"])
+        + ["int64_t threads", "int64_t grain", "int64_t huge_page", "int64_t stream"])
     binding = "".join([f".Arg<ffi::Buffer<ffi::{ffi_type}>>()"] * (len(data) + 1)
                       + [f".Ret<ffi::Buffer<ffi::{ffi_type}>>()"] * len(leaf_sizes)
                       + ['.Attr<int64_t>("threads")', '.Attr<int64_t>("grain")',
-                         '.Attr<int64_t>("huge_page")'])
+                         '.Attr<int64_t>("huge_page")', '.Attr<int64_t>("stream")'])
     indent = "\n    "
     advice = [f"sk_huge_pages(o{leaf}->typed_data(), o{leaf}->size_bytes(), huge_page);"
               for leaf in range(len(leaf_sizes))]
-    copy_loop = "" if not row_copies else (
-        f"\n    for (int j = 0; j < {width}; ++j) {{{indent}  " + (indent + "  ").join(row_copies)
-        + f"{indent}}}")
+    # a block's rows: streamed out of a stage (`S{leaf}`, its invariant entries written once a
+    # call), or the result's own rows, into which a block first copies the invariant entries
+    stages = [f"std::vector<{c_type}> S{leaf}(stream ? {width * size} : 0);"
+              for leaf, size in enumerate(leaf_sizes)]
+    if stage_copies:
+        stages.append(f"if (stream) for (int j = 0; j < {width}; ++j) {{{indent}  "
+                      + (indent + "  ").join(stage_copies) + f"{indent}}}")
+    destinations = "".join(
+        f"\n    {c_type}* const D{leaf} = stream ? S{leaf}.data() : O{leaf} + i0 * {size};"
+        for leaf, size in enumerate(leaf_sizes))
+    copy_loop = destinations + ("" if not row_copies else (
+        f"\n    if (!stream) for (int j = 0; j < {width}; ++j) {{{indent}  "
+        + (indent + "  ").join(row_copies) + f"{indent}}}"))
+    puts = " ".join(f"sk_stream(O{leaf} + i0 * {size}, S{leaf}.data(), {width * size});"
+                    for leaf, size in enumerate(leaf_sizes))
+    finish = (f"if (out_of_range) each({call_arguments}, i0, i0 + {width});\n"
+              f"    else if (stream) {{ {puts} }}")
     body = f"""// generated by symkern.codegen.c_loop: {len(entries)} entries, {len(shared)} shared values
 #include <cmath>
 #include <cstdint>
@@ -282,6 +298,7 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
 #include <thread>
 #include <vector>
 #include <sys/mman.h>
+#include <immintrin.h>
 #include "xla/ffi/api/ffi.h"
 namespace ffi = xla::ffi;
 // the inline forms are inlined wherever a block calls them, however often: the compiler's
@@ -305,6 +322,37 @@ SK_INLINE {c_type} sk_powi({c_type} x) {{
 }}
 
 {inline_source(used, dtype)}
+// a block's rows, `n` numbers from `stage`, written to `out` with non-temporal stores (past
+// the caches, without reading the lines first) where `out` is aligned to the vector (a
+// block's rows are 64 bytes times the row length, and the threads' parts begin at whole
+// blocks), else copied
+SK_INLINE void sk_stream({c_type}* out, const {c_type}* stage, int64_t n) {{
+#if defined(__AVX512F__)
+  if ((reinterpret_cast<uintptr_t>(out) & 63) == 0) {{
+    for (int64_t b = 0; b < n * int64_t(sizeof({c_type})); b += 64)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(reinterpret_cast<char*>(out) + b),
+                          _mm512_loadu_si512(reinterpret_cast<const char*>(stage) + b));
+    return;
+  }}
+#elif defined(__AVX__)
+  if ((reinterpret_cast<uintptr_t>(out) & 31) == 0) {{
+    for (int64_t b = 0; b < n * int64_t(sizeof({c_type})); b += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(reinterpret_cast<char*>(out) + b),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                              reinterpret_cast<const char*>(stage) + b)));
+    return;
+  }}
+#endif
+  std::memcpy(out, stage, n * sizeof({c_type}));
+}}
+
+// the non-temporal stores of a thread made visible before it finishes
+SK_INLINE void sk_fence() {{
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}}
+
 // a row length the compiler may not assume. Knowing it, g++ vectorizes the block's reads of
 // a sample's data and writes of its entries only where a row holds 2^k or 3 numbers (the
 // groups it can permute), and otherwise leaves the whole block one sample at a time; not
@@ -327,8 +375,8 @@ static void each({arguments}, int64_t lo, int64_t hi) {{
 // sample (`each`, which writes over it and gives a sample within the conditions the same
 // operations, so the same value). What no data reaches is computed once, as `each` computes
 // it, and a block copies those entries into its rows before its vectorized loop writes the rest
-static void loop({arguments}, int64_t lo, int64_t hi) {{
-  {(indent[:-2]).join(parameter_reads + hoisted + rows)}
+static void loop({arguments}, int64_t lo, int64_t hi, int64_t stream) {{
+  {(indent[:-2]).join(parameter_reads + hoisted + rows + stages)}
   int64_t i0 = lo;
   for (; i0 + {width} <= hi; i0 += {width}) {{{copy_loop}
     int out_of_range = 0;
@@ -336,9 +384,10 @@ static void loop({arguments}, int64_t lo, int64_t hi) {{
     for (int j = 0; j < {width}; ++j) {{
       {(indent + "  ").join(block_body)}
     }}
-    if (out_of_range) each({call_arguments}, i0, i0 + {width});
+    {finish}
   }}
   each({call_arguments}, i0, hi);
+  if (stream) sk_fence();
 }}
 
 // the part of an output buffer made of whole huge pages of `huge_page` bytes (0: none),
@@ -361,15 +410,19 @@ static ffi::Error run_batch({handler_arguments}) {{
   int64_t parts = samples / (grain > 0 ? grain : 1);
   if (parts > threads) parts = threads;
   if (parts < 2) {{
-    loop({pointers}, 0, samples);
+    loop({pointers}, 0, samples, stream);
     return ffi::Error::Success();
   }}
+  // parts begin at whole blocks, so that a block's rows start where the first part's do
+  const auto bound = [&](int64_t part) {{
+    return part == parts ? samples : samples * part / parts / {width} * {width};
+  }};
   std::vector<std::thread> others;
   for (int64_t part = 1; part < parts; ++part)
     others.emplace_back([&, part] {{
-      loop({pointers}, samples * part / parts, samples * (part + 1) / parts);
+      loop({pointers}, bound(part), bound(part + 1), stream);
     }});
-  loop({pointers}, 0, samples / parts);
+  loop({pointers}, 0, bound(1), stream);
   for (auto& other : others) other.join();
   return ffi::Error::Success();
 }}

@@ -1,8 +1,8 @@
 """kernels: a printed C loop (symkern.codegen.c_loop) compiled, registered with XLA's FFI, and
 called from a JAX program.
 
-Imports jax, numpy, symkern.codegen.c_loop, symkern.errors, symkern.kernels.memory and
-symkern.kernels.threads.
+Imports jax, numpy, symkern.codegen.c_loop, symkern.codegen.c_solve, symkern.errors,
+symkern.kernels.memory and symkern.kernels.threads.
 
 `compile_loop` writes the source into a directory this process created (mode 0700; removed
 once the library is loaded, and at exit), compiles it with the C++ compiler (`$CXX`, else
@@ -11,8 +11,11 @@ library and registers its handler as an FFI target named after the source's dige
 source compiled once is not compiled again in the process. Nothing is read back from a file
 this process did not write in that call.
 `call_loop` is the `jax.ffi.ffi_call` of it: one custom call in the kernel's program, which
-splits the batch between `cpu_threads()` threads, each taking at least `GRAIN` samples, and
-first advises the kernel to back the outputs with huge pages (`huge_page_bytes()`).
+splits the batch between `cpu_threads()` threads, each taking at least `GRAIN` samples,
+first advises the kernel to back the outputs with huge pages (`huge_page_bytes()`), and
+writes outputs as large as the last-level cache past the caches (`streams`).
+`solve` is `jnp.linalg.solve` with each sample's system solved by the loop of
+symkern.codegen.c_solve, compiled the same way on the first call that needs it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 from symkern.codegen.c_loop import CLoopSource
 from symkern.codegen.c_solve import CSolveSource, c_solve_source
 from symkern.errors import BuildError
-from symkern.kernels.memory import huge_page_bytes
+from symkern.kernels.memory import huge_page_bytes, last_level_cache_bytes
 from symkern.kernels.threads import cpu_threads
 
 #: the environment variable naming the C++ compiler (else g++, else c++ on the PATH)
@@ -115,6 +118,22 @@ def compile_loop(printed: CLoopSource | CSolveSource) -> str:
         return printed.symbol
 
 
+def streams(results: Sequence[Any]) -> bool:
+    """Whether the loop writes `results` (shapes and dtypes) past the caches, with
+    non-temporal stores: when they are at least the last-level cache's size together.
+
+    Written through the caches, such outputs are evicted before anyone reads them, and every
+    line is read from memory before it is written. Measured on nlink-4 in float64 with freed
+    memory reused (110 entries, 880 bytes a sample; 32 MiB last-level cache), the call and a
+    sum over its result's batch took 0.66 / 0.89 ms (through the caches / past them) at
+    4.4 MB of output, 0.95 / 1.25 at 8.8 MB, 2.63 / 2.61 at 17.6 MB, 5.58 / 4.90 at 35 MB and
+    12.0 / 9.6 at 88 MB; the call alone, 7.7 / 4.9 ms at 88 MB, and nlink-8's 20.8 / 11.8 ms
+    (docs/design/cpu-throughput.md, "Outputs past the caches").
+    """
+    total = sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in results)
+    return total >= last_level_cache_bytes()
+
+
 def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[tuple],
               parameters: Any, leaf_shapes: Sequence[tuple], batch_shape: tuple,
               grain: int = GRAIN) -> list[Any]:
@@ -134,7 +153,7 @@ def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[t
     results = [jax.ShapeDtypeStruct((samples, size), dtype) for size in printed.leaf_sizes]
     outputs = jax.ffi.ffi_call(printed.symbol, results, vmap_method="sequential")(
         *flat, buffer, threads=np.int64(cpu_threads()), grain=np.int64(grain),
-        huge_page=np.int64(huge_page_bytes()))
+        huge_page=np.int64(huge_page_bytes()), stream=np.int64(streams(results)))
     return [jnp.reshape(out, batch_shape + tuple(shape))
             for out, shape in zip(outputs, leaf_shapes, strict=True)]
 
@@ -194,4 +213,4 @@ C_LINALG = types.SimpleNamespace(solve=solve)
 
 
 __all__ = ["C_LINALG", "COMPILER_ENV", "FLAGS", "GRAIN", "SOLVE_UP_TO", "call_loop", "compile_loop",
-           "compiler", "solve"]
+           "compiler", "solve", "streams"]

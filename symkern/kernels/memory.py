@@ -95,6 +95,38 @@ def reuse_cpu_memory(up_to_bytes: int = DEFAULT_UP_TO) -> None:
             raise BuildError(f"reuse_cpu_memory: glibc refused mallopt({name}, {value})")
 
 
+#: where Linux describes the CPU's caches
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+#: the last-level cache's size taken where the system does not say (this size's order on
+#: the desktop and server CPUs of the last years)
+LAST_LEVEL_CACHE_DEFAULT = 32 * 2**20
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The size of the CPU's last-level cache in bytes, from sysfs, else
+    LAST_LEVEL_CACHE_DEFAULT.
+
+    The C loop writes a call's outputs past the caches (non-temporal stores) when they are
+    at least this large: written through the caches, they would be evicted before anyone
+    read them (docs/design/cpu-throughput.md, "Outputs past the caches").
+    """
+    best_level, best_size = 0, 0
+    try:
+        for index in CPU_CACHES.glob("index*"):
+            if (index / "type").read_text().strip() not in ("Data", "Unified"):
+                continue
+            level = int((index / "level").read_text().strip())
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            size = int(text.rstrip("KMG")) * scale
+            if level > best_level:
+                best_level, best_size = level, size
+    except (OSError, ValueError):
+        return LAST_LEVEL_CACHE_DEFAULT
+    return best_size if best_size > 0 else LAST_LEVEL_CACHE_DEFAULT
+
+
 @functools.cache
 def huge_page_bytes() -> int:
     """The size of the kernel's transparent huge pages where memory a process advises

@@ -154,6 +154,40 @@ def test_entries_no_data_reaches_are_computed_once_and_copied_into_every_row(dty
             np.testing.assert_array_equal(np.asarray(part[name]), np.asarray(whole[name])[:n])
 
 
+def test_outputs_stream_from_the_last_level_cache_size():
+    cache = loops.last_level_cache_bytes()
+    below = [jax.ShapeDtypeStruct((cache // 16 - 1, 2), np.float64)]  # 16 bytes a row
+    at = [jax.ShapeDtypeStruct((cache // 16, 1), np.float64),
+          jax.ShapeDtypeStruct((cache // 16, 1), np.float64)]
+    assert not loops.streams(below) and loops.streams(at)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_outputs_past_the_caches_have_the_bits_of_outputs_through_them(dtype, monkeypatch):
+    # rows of 7, 3 and 2 entries with entries no data reaches (copied into the stage once a
+    # call), and samples whose exp is outside its inline form's condition (their block is
+    # computed sample by sample, straight into the result)
+    d = sp.symbols("d0:3")
+    eqs = {"first": sp.Matrix([d[0] * p, 0, sp.exp(d[1]), 1, d[2] ** 2, p, sp.cos(d[0])]),
+           "second": sp.Matrix([sp.Rational(1, 3), d[1] - d[2], p ** 2]),
+           "third": sp.Matrix([2, d[0]])}
+    data = np.random.default_rng(5).uniform(-2, 2, (2 * loops.GRAIN + 5, 3)).astype(dtype)
+    data[::37, 1] = 1e3  # exp(1000) is outside the condition: its block runs `each`
+    ps, sizes = {"p": 0.625}, (1, 8, 9, 17, 2 * loops.GRAIN + 5)
+    through = sk.build_function(eqs, list(d), params={"p": p}, dtype=dtype, options=C)
+    assert "stream = 0 : i64" in through.hlo(data[:9], ps)
+    wanted = [through(data[:n], ps) for n in sizes]
+    monkeypatch.setattr(loops, "last_level_cache_bytes", lambda: 1)  # every output streams
+    past = sk.build_function(eqs, list(d), params={"p": p}, dtype=dtype, options=C)
+    assert "stream = 1 : i64" in past.hlo(data[:9], ps)
+    for n, want in zip(sizes, wanted, strict=True):
+        got = past(data[:n], ps)
+        for name in eqs:
+            np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+    assert np.isinf(np.asarray(got["first"])[::37, 2]).all()
+
+
 HUGE_PAGES = r"""
 import json, sys
 import jax
