@@ -374,7 +374,9 @@ static void each({arguments}, int64_t lo, int64_t hi) {{
 // alone; a block with an argument outside a condition (or NaN) is computed again sample by
 // sample (`each`, which writes over it and gives a sample within the conditions the same
 // operations, so the same value). What no data reaches is computed once, as `each` computes
-// it, and a block copies those entries into its rows before its vectorized loop writes the rest
+// it, and a block copies those entries into its rows before its vectorized loop writes the rest;
+// with `stream`, the block writes into a stage of its rows that holds those entries from the
+// start, and streams the stage into the result past the caches
 static void loop({arguments}, int64_t lo, int64_t hi, int64_t stream) {{
   {(indent[:-2]).join(parameter_reads + hoisted + rows + stages)}
   int64_t i0 = lo;
