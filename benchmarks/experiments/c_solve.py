@@ -2,15 +2,16 @@
 
 Usage: python benchmarks/experiments/c_solve.py [--sizes 2,6,10,18,32,64,128]
                                                 [--batch 100000] [--rounds 7]
-                                                [--dtypes float64,float32]
+                                                [--dtypes float64,float32] [--general]
 
 For each size n and dtype: `--batch` random systems `A x = b` (A standard normal, b one
 column), solved by symkern.kernels.c_loop.solve (the loop symkern.codegen.c_solve prints,
 jitted; sizes above `SOLVE_UP_TO` are measured with the bound lifted), by `jnp.linalg.solve`
 (jitted) and by `np.linalg.solve`, interleaved: the median of `--rounds` calls each, in ms,
 the C solve's first call (compiling its library), and its largest error relative to NumPy's
-float64 solve, scaled by 1 + |x|. docs/design/matrix-expressions.md, "A solve per sample",
-quotes it.
+float64 solve, scaled by 1 + |x|. `--general` also times the C solve's general loop (sizes
+read at run time) on the sizes it otherwise unrolls (`UNROLLED_UP_TO`), as `c-general`.
+docs/design/matrix-expressions.md, "A solve per sample", quotes it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dtypes", default="float64,float32")
+    parser.add_argument("--general", action="store_true")
     args = parser.parse_args(argv)
 
     import jax
@@ -37,10 +39,22 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     jax.config.update("jax_enable_x64", True)
+    from symkern.codegen import c_solve as printer
     from symkern.kernels import c_loop
 
-    c_loop.SOLVE_UP_TO = max(map(int, args.sizes.split(",")))  # the bound is the stack's
+    c_loop.SOLVE_UP_TO = max(map(int, args.sizes.split(",")))  # measured past the bound too
     c_solve, jax_solve = jax.jit(c_loop.solve), jax.jit(jnp.linalg.solve)
+
+    def general_solve(a, b):
+        # the same handler printed without its unrolled copies (its own library and
+        # target), for every trace of this function
+        unrolled, printer.UNROLLED_UP_TO = printer.UNROLLED_UP_TO, 0
+        try:
+            return c_loop.solve(a, b)
+        finally:
+            printer.UNROLLED_UP_TO = unrolled
+
+    general = jax.jit(general_solve) if args.general else None
     for dtype in args.dtypes.split(","):
         for n in map(int, args.sizes.split(",")):
             rng = np.random.default_rng(n)
@@ -55,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             jax.block_until_ready(jax_solve(*device))
             tools = {"c": (c_solve, device), "jnp": (jax_solve, device),
                      "numpy": (np.linalg.solve, (a, b))}
+            if general is not None:
+                tools["c-general"] = (general, device)
             times: dict[str, list[float]] = {name: [] for name in tools}
             for _ in range(args.rounds):
                 for name, (tool, inputs) in tools.items():

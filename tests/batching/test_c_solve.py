@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import symkern as sk
+from symkern.codegen import c_solve
+from symkern.codegen.c_solve import UNROLLED_UP_TO
 from symkern.errors import BuildError
 from symkern.kernels import c_loop as loops
 
@@ -41,8 +43,7 @@ def _runs_the_c_solve(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 @needs_compiler
-@settings(max_examples=12, deadline=None)
-@given(n=st.integers(1, 8), k=st.integers(1, 3), batch=st.integers(1, 40),
+@given(n=st.integers(1, UNROLLED_UP_TO + 4), k=st.integers(1, 3), batch=st.integers(1, 40),
        seed=st.integers(0, 2**31 - 1))
 def test_random_systems_match_numpy(n, k, batch, seed):
     a, b = _systems(np.random.default_rng(seed), batch, n, k)
@@ -60,6 +61,16 @@ def test_systems_on_both_sides_of_the_largest_c_solve(n):
     assert _runs_the_c_solve(a, b) == (n <= loops.SOLVE_UP_TO)
     np.testing.assert_allclose(np.asarray(loops.solve(a, b)), np.linalg.solve(a, b),
                                rtol=1e-9, atol=1e-11)
+
+
+@needs_compiler
+@pytest.mark.parametrize("n", [UNROLLED_UP_TO, UNROLLED_UP_TO + 1])
+def test_the_unrolled_copies_and_the_general_loop_give_the_same_bits(n, monkeypatch):
+    a, b = _systems(np.random.default_rng(n), 33, n, 1)
+    unrolled = np.asarray(loops.solve(a, b))
+    monkeypatch.setattr(c_solve, "UNROLLED_UP_TO", 0)  # the library without the copies
+    np.testing.assert_array_equal(np.asarray(loops.solve(a, b)), unrolled)
+    np.testing.assert_allclose(unrolled, np.linalg.solve(a, b), rtol=1e-10, atol=1e-12)
 
 
 @needs_compiler
