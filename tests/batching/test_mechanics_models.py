@@ -54,8 +54,10 @@ def _equations(name: str, arguments: dict) -> tuple[sp.Matrix, sp.Matrix, list, 
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize(("name", "arguments"),
-                         [(name, a) for name in sorted(ARGUMENTS) for a in ARGUMENTS[name]])
+@pytest.mark.parametrize(("name", "arguments"), [
+    # the first (smallest) arguments of each model in the long run (`SYMKERN_SLOW=1`) only
+    pytest.param(name, a, marks=[pytest.mark.slow] if k == 0 else [])
+    for name in sorted(ARGUMENTS) for k, a in enumerate(ARGUMENTS[name])])
 def test_a_model_and_its_solved_right_hand_side(name, arguments, form):
     if form == "c" and loops.compiler() is None:
         pytest.skip("cpu_loop='c' needs a C++ compiler")
