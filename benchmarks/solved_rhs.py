@@ -1,7 +1,7 @@
 """The mechanics models' solved right-hand side, M(q)^-1 f(q, u), against a batched solve.
 
 Usage: python benchmarks/solved_rhs.py [--models 2,4,8] [--batch 100000] [--rounds 15]
-                                       [--cpu-memory system|reuse]
+                                       [--dtypes float64,float32] [--cpu-memory system|reuse]
                                        [--out benchmarks/results/solved_rhs.json]
 
 `n_link_pendulum_on_cart(n)`'s `mass_matrix_full` M and `forcing_full` f (the same
@@ -164,7 +164,7 @@ def block(value: Any) -> Any:
     return jax.block_until_ready(value)
 
 
-def measure(n: int, batch: int, rounds: int) -> dict:
+def measure(n: int, batch: int, rounds: int, dtypes: tuple[str, ...] = DTYPES) -> dict:
     import numpy as np
 
     mass, forcing, states, params, values = equations(n)
@@ -177,7 +177,7 @@ def measure(n: int, batch: int, rounds: int) -> dict:
 
     chosen = {name: cls for name, cls in TOOLS.items()
               if name != "symkern-c" or compiler() is not None}  # the C solve needs g++
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for name, cls in chosen.items():
             label = f"{name}-{dtype}"
             began = time.perf_counter()
@@ -202,7 +202,7 @@ def measure(n: int, batch: int, rounds: int) -> dict:
     for label, row in rows.items():
         row["samples_per_s"] = batch / statistics.median(times[label])
     ratios = {}
-    for dtype in DTYPES:
+    for dtype in dtypes:
         peers = {label: row for label, row in rows.items()
                  if row["dtype"] == dtype and row["tool"] not in OURS}
         best = max(peers, key=lambda label: peers[label]["samples_per_s"])
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="2,4,8")
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--cpu-memory", choices=("system", "reuse"), default="system")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -232,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     results = {"platform": platform.platform(), "jax": jax.__version__, "batch": args.batch,
                "rounds": args.rounds, "cpu_memory": args.cpu_memory, "models": []}
     for n in map(int, args.models.split(",")):
-        row = measure(n, args.batch, args.rounds)
+        dtypes = tuple(args.dtypes.split(","))
+        row = measure(n, args.batch, args.rounds, dtypes)
         results["models"].append(row)
-        for dtype in DTYPES:
+        for dtype in dtypes:
             cells = "  ".join(f"{t['tool']} {t['samples_per_s'] / 1e6:.2f} M/s ({t['build_s']:.1f} s)"
                               for t in row["tools"].values() if t["dtype"] == dtype)
             ratio = row["ratios"][dtype]

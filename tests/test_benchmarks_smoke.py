@@ -122,23 +122,22 @@ def test_memory_bound_experiment_smoke_run() -> None:
 
 
 def test_solved_rhs_smoke_run(tmp_path: Path) -> None:
-    """`benchmarks/solved_rhs.py` runs every tool in both dtypes (symkern-c where there is a
-    C++ compiler), checks each against NumPy's float64 solve, and records symkern's ratios
-    per dtype."""
+    """`benchmarks/solved_rhs.py` runs every tool (symkern-c where there is a C++ compiler),
+    checks each against NumPy's float64 solve, and records symkern's ratios; in float64
+    here (the float32 tools are the same classes)."""
     out = tmp_path / "solved.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "solved_rhs.py"), "--models", "2",
-               "--batch", "2000", "--rounds", "2", "--out", str(out)]
+               "--batch", "2000", "--rounds", "2", "--dtypes", "float64", "--out", str(out)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (model,) = json.loads(out.read_text())["models"]
     assert model["model"] == "nlink-2" and model["size"] == 6
     ours = ("symkern", "symkern-c") if compiler() is not None else ("symkern",)
     assert {(row["tool"], row["dtype"]) for row in model["tools"].values()} == {
-        (tool, dtype) for tool in (*ours, "numpy-solve", "jax-solve")
-        for dtype in ("float64", "float32")}
+        (tool, "float64") for tool in (*ours, "numpy-solve", "jax-solve")}
     for row in model["tools"].values():
-        assert row["samples_per_s"] > 0 and row["max_rel_error"] <= 2e-3
-    assert set(model["ratios"]) == {"float64", "float32"}
+        assert row["samples_per_s"] > 0 and row["max_rel_error"] <= 1e-9
+    assert set(model["ratios"]) == {"float64"}
     assert all(r["best_peer"] in ("numpy-solve", "jax-solve")
                and all(r[tool] > 0 for tool in ours)
                for r in model["ratios"].values())

@@ -48,7 +48,7 @@ x, y, p = sp.symbols("x y p")
 
 
 @needs_compiler
-@settings(SETTINGS, max_examples=max(EXAMPLES // 3, 8))
+@settings(SETTINGS, max_examples=max(EXAMPLES // 3, 5))
 @given(trees=st.lists(expressions(), min_size=4, max_size=4), rows=samples)
 def test_random_trees_in_one_c_loop_match_sympy_at_30_digits(trees, rows):
     # Min and Max are refused (test_what_the_loop_cannot_compute_is_refused_by_name)

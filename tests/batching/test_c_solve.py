@@ -10,12 +10,14 @@ compiler, except the refusals that come before the compiler is looked for.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import symkern as sk
@@ -43,6 +45,7 @@ def _runs_the_c_solve(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 @needs_compiler
+@settings(max_examples=100 if os.environ.get("SYMKERN_SLOW") else 12)
 @given(n=st.integers(1, UNROLLED_UP_TO + 4), k=st.integers(1, 3), batch=st.integers(1, 40),
        seed=st.integers(0, 2**31 - 1))
 def test_random_systems_match_numpy(n, k, batch, seed):
