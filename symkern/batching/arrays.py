@@ -16,6 +16,7 @@ import jax
 import sympy as sp
 
 from symkern.batching.build import resolve_dtype
+from symkern.batching.c_loop import refuse
 from symkern.batching.program import KernelSignature
 from symkern.batching.structured import StructuredKernel, array_program_kernel
 from symkern.codegen.arrays import (
@@ -164,9 +165,6 @@ def build_array_function(eqs: Any, *data_args: Any, params: Any = None,
 def _c_solves(code: StructuredCode, options: BuildOptions, dtype: Any) -> StructuredCode:
     """`code` with its linear solves run by the C solve (`cpu_loop="c"`), or a BuildError
     naming what stands in the way."""
-    def refuse(reason: str) -> None:
-        raise BuildError(f"cpu_loop='c': {reason}; build with the default cpu_loop='xla'")
-
     if jax.default_backend() != "cpu":
         refuse(f"the C solve runs on the CPU, and JAX's default backend is "
                f"{jax.default_backend()}")

@@ -1,6 +1,7 @@
 """batching: CLoopProgram — a scalar kernel whose batch runs as one C loop on the CPU.
 
-Imports jax, symkern.batching.program, symkern.codegen.c_loop and symkern.kernels.c_loop.
+Imports jax, symkern.batching.program, symkern.codegen.c_loop, symkern.kernels.c_loop and
+symkern.kernels.memory.
 
 `BuildOptions(cpu_loop="c")` builds the kernel's XLA program as always and, beside it, the
 loop of symkern.codegen.c_loop: every call — eager, under `jax.jit`, folded `jax.vmap`,
@@ -25,14 +26,17 @@ from symkern.batching.program import ScalarProgram
 from symkern.codegen.c_loop import CLoopSource, c_loop_source
 from symkern.errors import BuildError
 from symkern.kernels import c_loop as loops
+from symkern.kernels import memory
+
+
+def refuse(reason: str) -> None:
+    """Raise the BuildError of `cpu_loop="c"` naming `reason`, what stands in its way."""
+    raise BuildError(f"cpu_loop='c': {reason}; build with the default cpu_loop='xla'")
 
 
 def refuse_c_loop(program: ScalarProgram, *, const_count: int, functions: bool,
                   backend: str) -> None:
     """BuildError unless `program` can run as a C loop, naming what stands in the way."""
-    def refuse(reason: str) -> None:
-        raise BuildError(f"cpu_loop='c': {reason}; build with the default cpu_loop='xla'")
-
     signature = program.signature
     if backend != "cpu":
         refuse(f"the C loop runs on the CPU, and JAX's default backend is {backend}")
@@ -67,6 +71,9 @@ class CLoopProgram(ScalarProgram):
         #: the fewest samples a thread of the loop takes (symkern.kernels.c_loop.GRAIN when
         #: the kernel was built)
         self.grain = loops.GRAIN
+        #: the output bytes from which a call writes past the caches (the last-level cache's
+        #: size when the kernel was built, symkern.kernels.c_loop.streams)
+        self.stream_from = memory.last_level_cache_bytes()
         self._loop = _differentiated(self._run, program.evaluate)
 
     @property
@@ -90,7 +97,7 @@ class CLoopProgram(ScalarProgram):
     def _run(self, const_args: tuple, data: tuple, parameter_leaves: Any) -> Any:
         leaves = loops.call_loop(self.printed, data, self._data_shapes,
                                  self._flat_parameters(parameter_leaves), self.equations.shapes,
-                                 self.batch_shape(data), self.grain)
+                                 self.batch_shape(data), self.grain, self.stream_from)
         return jax.tree_util.tree_unflatten(self.equations.treedef, leaves)
 
     def evaluate(self, const_args: tuple, data: tuple, parameter_leaves: Any,
@@ -139,4 +146,4 @@ def c_loop_program(program: ScalarProgram, *, const_count: int, functions: bool,
     return CLoopProgram(program, printed)
 
 
-__all__ = ["CLoopProgram", "c_loop_program", "refuse_c_loop"]
+__all__ = ["CLoopProgram", "c_loop_program", "refuse", "refuse_c_loop"]

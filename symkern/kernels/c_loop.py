@@ -40,7 +40,7 @@ import numpy as np
 from symkern.codegen.c_loop import CLoopSource
 from symkern.codegen.c_solve import CSolveSource, c_solve_source
 from symkern.errors import BuildError
-from symkern.kernels.memory import huge_page_bytes, last_level_cache_bytes
+from symkern.kernels.memory import huge_page_bytes
 from symkern.kernels.threads import cpu_threads
 
 #: the environment variable naming the C++ compiler (else g++, else c++ on the PATH)
@@ -121,9 +121,11 @@ def compile_loop(printed: CLoopSource | CSolveSource) -> str:
         return printed.symbol
 
 
-def streams(results: Sequence[Any]) -> bool:
+def streams(results: Sequence[Any], from_bytes: int) -> bool:
     """Whether the loop writes `results` (shapes and dtypes) past the caches, with
-    non-temporal stores: when they are at least the last-level cache's size together.
+    non-temporal stores: when they are at least `from_bytes` together, the last-level
+    cache's size (`symkern.kernels.memory.last_level_cache_bytes()`) when the kernel was
+    built.
 
     Written through the caches, such outputs are evicted before anyone reads them, and every
     line is read from memory before it is written. Measured on nlink-4 in float64 with freed
@@ -134,17 +136,18 @@ def streams(results: Sequence[Any]) -> bool:
     (docs/design/cpu-throughput.md, "Outputs past the caches").
     """
     total = sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in results)
-    return total >= last_level_cache_bytes()
+    return total >= from_bytes
 
 
 def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[tuple],
               parameters: Any, leaf_shapes: Sequence[tuple], batch_shape: tuple,
-              grain: int = GRAIN) -> list[Any]:
+              grain: int, stream_from: int) -> list[Any]:
     """The loop's results for one batch: each equation's array shaped `batch_shape + shape`.
 
     `data`: the data arrays (batch shapes broadcasting to `batch_shape`), each sample shaped
     as in `data_shapes`; `parameters`: every parameter value in one flat array (None without
-    parameters); `grain`: the fewest samples a thread takes.
+    parameters); `grain`: the fewest samples a thread takes; `stream_from`: the output bytes
+    from which the loop writes past the caches (`streams`).
     """
     dtype = np.dtype(printed.dtype)
     samples = math.prod(batch_shape)
@@ -156,7 +159,7 @@ def call_loop(printed: CLoopSource, data: Sequence[Any], data_shapes: Sequence[t
     results = [jax.ShapeDtypeStruct((samples, size), dtype) for size in printed.leaf_sizes]
     outputs = jax.ffi.ffi_call(printed.symbol, results, vmap_method="sequential")(
         *flat, buffer, threads=np.int64(cpu_threads()), grain=np.int64(grain),
-        huge_page=np.int64(huge_page_bytes()), stream=np.int64(streams(results)))
+        huge_page=np.int64(huge_page_bytes()), stream=np.int64(streams(results, stream_from)))
     return [jnp.reshape(out, batch_shape + tuple(shape))
             for out, shape in zip(outputs, leaf_shapes, strict=True)]
 

@@ -40,6 +40,7 @@ from test_random_expressions import (
 import symkern as sk
 from symkern.errors import BuildError
 from symkern.kernels import c_loop as loops
+from symkern.kernels import memory
 
 C = sk.BuildOptions(cpu_loop="c")
 needs_compiler = pytest.mark.skipif(loops.compiler() is None,
@@ -155,11 +156,11 @@ def test_entries_no_data_reaches_are_computed_once_and_copied_into_every_row(dty
 
 
 def test_outputs_stream_from_the_last_level_cache_size():
-    cache = loops.last_level_cache_bytes()
+    cache = memory.last_level_cache_bytes()
     below = [jax.ShapeDtypeStruct((cache // 16 - 1, 2), np.float64)]  # 16 bytes a row
     at = [jax.ShapeDtypeStruct((cache // 16, 1), np.float64),
           jax.ShapeDtypeStruct((cache // 16, 1), np.float64)]
-    assert not loops.streams(below) and loops.streams(at)
+    assert not loops.streams(below, cache) and loops.streams(at, cache)
 
 
 @needs_compiler
@@ -178,7 +179,7 @@ def test_outputs_past_the_caches_have_the_bits_of_outputs_through_them(dtype, mo
     through = sk.build_function(eqs, list(d), params={"p": p}, dtype=dtype, options=C)
     assert "stream = 0 : i64" in through.hlo(data[:9], ps)
     wanted = [through(data[:n], ps) for n in sizes]
-    monkeypatch.setattr(loops, "last_level_cache_bytes", lambda: 1)  # every output streams
+    monkeypatch.setattr(memory, "last_level_cache_bytes", lambda: 1)  # every output streams
     past = sk.build_function(eqs, list(d), params={"p": p}, dtype=dtype, options=C)
     assert "stream = 1 : i64" in past.hlo(data[:9], ps)
     for n, want in zip(sizes, wanted, strict=True):
