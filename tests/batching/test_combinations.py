@@ -5,8 +5,10 @@ scalar (with and without const args, with parameters and two data arguments), co
 tiled, vectorized, pieces, structured, the array program of a matrix expression, parameters
 packed in one buffer (both sides of batching.packing.PACK_FROM_LEAVES: the scalar form's two
 parameters, the packed form's five), the interpreter's instruction table (with two data
-arguments, and with packed parameters), and the C loop of `BuildOptions(cpu_loop="c")` (in
-both dtypes, and with packed parameters; skipped without a C++ compiler). The batch shapes
+arguments, and with packed parameters), the C loop of `BuildOptions(cpu_loop="c")` (in
+both dtypes, with packed parameters, and writing its outputs past the caches from 64
+samples on; skipped without a C++ compiler), and a batch of linear systems with
+`jnp.linalg.solve` and with the C solve on both sides of its unrolled sizes. The batch shapes
 sit on both sides of each size the kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the
 tiles of 4,096, the interpreter's 1,024 and the C loop's two threads, built here to take at
 least 32 samples each, and outputs with and without whole huge pages for the C loop) and
@@ -37,7 +39,9 @@ import sympy as sp
 import symkern as sk
 from symkern.batching.packing import PACK_FROM_LEAVES
 from symkern.codegen import passes
+from symkern.codegen.c_solve import UNROLLED_UP_TO
 from symkern.kernels import c_loop as c_loops
+from symkern.kernels import memory
 
 SLOW = bool(os.environ.get("SYMKERN_SLOW"))
 BATCHES: tuple[tuple[int, ...], ...] = (
@@ -49,14 +53,15 @@ TWO_D_PATHS = ("eager", "jit", "vmap")
 #: shape compiles; pieces compile every piece): both sides of 64 and of a tile of 4,096
 EAGER_BATCHES = {form: ((), (1,), (64,), (65,), (4096,), (4097,), (3, 5))
                  for form in ("scalar-const-args", "contracted", "vectorized", "scalar-packed",
-                             "array")}
+                             "array", "array-solve", "array-c-solve", "array-c-solve-general")}
 EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
 # both sides of a tile of 1,024 and of the register quantum of 64 (every path runs at 65
 # and at (3, 5), 15 samples, too)
 for _form in ("interpreted", "interpreted-packed"):
     EAGER_BATCHES[_form] = ((), (1,), (1023,), (1024,), (1025,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
-for _form in ("c-loop", "c-loop-float32", "c-loop-packed"):  # both sides of two threads
+for _form in ("c-loop", "c-loop-float32", "c-loop-packed", "c-loop-streamed"):
+    # both sides of two threads (and of streaming from 64 samples)
     EAGER_BATCHES[_form] = ((), (1,), (63,), (64,), (65,), (4097,), (3, 5))
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
          "export")
@@ -113,12 +118,16 @@ def c_loop_grain(cpu_loop: str) -> Iterator[None]:
 
 
 def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = False,
-                 cpu_loop: str = "xla") -> Case:
+                 cpu_loop: str = "xla", stream_from_samples: int | None = None) -> Case:
     extra = lookup(x0) if const else sp.Integer(0)
     eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
            "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c}
     functions = {"lookup": _lookup_jax} if const else None
-    with c_loop_grain(cpu_loop):
+    with c_loop_grain(cpu_loop), pytest.MonkeyPatch.context() as patch:
+        if stream_from_samples is not None:  # as if the last-level cache held that many
+            # samples' four entries: the C loop writes larger outputs past the caches
+            size = stream_from_samples * 4 * np.dtype(dtype).itemsize
+            patch.setattr(memory, "last_level_cache_bytes", lambda: size)
         kernel = sk.build_function(eqs, [x0, x1], y, params={"a": a, "c": c}, dtype=dtype,
                                    functions=functions,
                                    options=sk.BuildOptions(interpret=interpret, cpu_loop=cpu_loop))
@@ -296,6 +305,27 @@ def _array_case() -> Case:
                  "M": rng.normal(size=(2, 2))})
 
 
+def _solve_case(size: int, cpu_loop: str = "xla") -> Case:
+    """A batch of linear systems, `s * Inverse(A) * b` with A and b read from the data: one
+    batched `jnp.linalg.solve`, or with `cpu_loop="c"` the C solve, whose systems of up to
+    UNROLLED_UP_TO unknowns run an unrolled copy and the larger ones its general loop."""
+    A, bv, s = sp.MatrixSymbol("A", size, size), sp.MatrixSymbol("bv", size, 1), sp.Symbol("s")
+    with c_loop_grain(cpu_loop):
+        kernel = sk.build_function({"x": s * sp.Inverse(A) * bv}, A, bv, params={"s": s},
+                                   dtype="float64", options=sk.BuildOptions(cpu_loop=cpu_loop))
+    solver = "clinalg.solve(" if cpu_loop == "c" else "jnp.linalg.solve("
+    assert solver in kernel.source, kernel.source
+
+    def reference(M, v, ps):
+        M, v = jnp.asarray(M, jnp.float64), jnp.asarray(v, jnp.float64)
+        return {"x": ps["s"] * jnp.linalg.solve(M, v[..., None])[..., 0]}
+
+    def data(shape):  # far from singular: the diagonal shifted by the size
+        return _uniform(shape + (size,), size, 6) + size * np.eye(size), _uniform(shape, size, 7)
+
+    return Case(kernel, reference, data, {"s": 0.8}, 1e-9)
+
+
 FORMS: dict[str, Callable[[], Case]] = {
     "scalar": _scalar_case,
     "scalar-const-args": lambda: _scalar_case(const=True),
@@ -314,6 +344,13 @@ FORMS: dict[str, Callable[[], Case]] = {
     "c-loop": lambda: _scalar_case(cpu_loop="c"),
     "c-loop-float32": lambda: _scalar_case("float32", cpu_loop="c"),
     "c-loop-packed": lambda: _packed_case(cpu_loop="c"),
+    # outputs from 64 samples on written past the caches (symkern.kernels.c_loop.streams)
+    "c-loop-streamed": lambda: _scalar_case(cpu_loop="c", stream_from_samples=64),
+    # a batch of linear systems: jnp.linalg.solve (what the C solve leaves above
+    # SOLVE_UP_TO), and the C solve on both sides of UNROLLED_UP_TO
+    "array-solve": lambda: _solve_case(3),
+    "array-c-solve": lambda: _solve_case(3, cpu_loop="c"),
+    "array-c-solve-general": lambda: _solve_case(UNROLLED_UP_TO + 1, cpu_loop="c"),
 }
 _BUILT: dict[str, Case] = {}
 
