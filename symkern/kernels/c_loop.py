@@ -48,9 +48,13 @@ COMPILER_ENV = "CXX"
 #: -ffp-contract=off: no fused multiply-adds, so a sample's value does not depend on whether it
 #: fell in a vectorized block or in the sample-by-sample loop (symkern.codegen.c_loop);
 #: -fopenmp-simd: the blocks' `#pragma omp simd`; -fno-math-errno: the C library's functions
-#: may be inlined (sqrt) since errno is never read
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd",
-         "-std=c++17", "-shared", "-fPIC", "-w")
+#: may be inlined (sqrt) since errno is never read; -mprefer-vector-width=512: a block is one
+#: 512-bit vector of samples, and GCC's tuning for most Intel cores with AVX-512 otherwise
+#: computes it as two 256-bit halves -- float32 blocks ran 0.69-0.97x the time, the network's
+#: Jacobian 0.69x, float64 blocks within 0.98-1.09x, the same bits
+#: (benchmarks/experiments/c_loop_vector_width.py; no effect without AVX-512)
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
+         "-ffp-contract=off", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 #: the fewest samples a thread of the loop takes, so a batch below twice this runs on the
 #: calling thread alone: starting and joining a second thread cost 50-70 us; at 8,192 samples
 #: two threads ran the pendulum, nlink-2 and nlink-8 (float64) at 0.60, 1.00 and 1.05x one
