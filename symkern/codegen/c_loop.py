@@ -31,8 +31,9 @@ may meet is a closed list: arithmetic, integer and rational powers, `Piecewise` 
 comparisons, and the functions of `C_FUNCTIONS`, each the C library's function of the same
 meaning, but exp, log, tanh, atan, sin and cos, which are symkern.codegen.c_math's inline
 forms (the C library's outside their conditions); anything else is refused with a
-BuildError naming it. The other functions are calls the compiler does not vectorize: a
-body of them runs its blocks one sample at a time.
+BuildError naming it. The other functions, and powers whose exponent is neither an integer
+nor half an odd integer (`pow`), are calls the compiler does not vectorize: a body of them
+runs its blocks one sample at a time.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class CLoopSource:
 
 class _Printer(C99CodePrinter):
     """C99 with the loop's names for symbols, constants as the dtype's nearest numbers, a
-    Piecewise without a last branch given NaN's, integer powers as multiplications, 1/sqrt
-    as a division, and symkern.codegen.c_math's inline functions (`sk_exp`, ...). Nothing
-    is substituted in the expressions themselves: a rebuilt SymPy node is evaluated again,
-    and evaluating an exp or a log of a large polynomial factors it (minutes)."""
+    Piecewise without a last branch given NaN's, its conditions' And and Or as `&` and `|`
+    (a branch keeps a block from being vectorized), integer powers as multiplications, powers
+    of half an odd integer as a square root times an integer power, and
+    symkern.codegen.c_math's inline functions (`sk_exp`, ...). Nothing is substituted in the
+    expressions themselves: a rebuilt SymPy node is evaluated again, and evaluating an exp or
+    a log of a large polynomial factors it (minutes)."""
 
     def __init__(self, dtype: str, names: dict[sp.Basic, str], inline_only: bool) -> None:
         super().__init__({"type_aliases": {real: float32}} if dtype == "float32" else {})
@@ -115,6 +118,16 @@ class _Printer(C99CodePrinter):
             expr = sp.Piecewise(*expr.args, (sp.nan, True), evaluate=False)
         return super()._print_Piecewise(expr)
 
+    def _print_And(self, expr: sp.And) -> str:
+        # `&` and `|` of the comparisons, not `&&` and `||`: a branch in a block keeps g++
+        # from vectorizing it
+        return "(" + " & ".join(f"({self._print(a)})"
+                                for a in sorted(expr.args, key=sp.default_sort_key)) + ")"
+
+    def _print_Or(self, expr: sp.Or) -> str:
+        return "(" + " | ".join(f"({self._print(a)})"
+                                for a in sorted(expr.args, key=sp.default_sort_key)) + ")"
+
     def _print_inline(self, expr: sp.Function) -> str:
         form = "_core" if self.inline_only else ""
         return f"sk_{expr.func.__name__}{form}({self._print(expr.args[0])})"
@@ -124,9 +137,16 @@ class _Printer(C99CodePrinter):
         if exponent.is_Integer and 2 <= abs(int(exponent)) <= INTEGER_POWER_UP_TO:
             power = f"sk_powi<{abs(int(exponent))}>({self._print(base)})"
             return power if exponent > 0 else f"({self._print(sp.S.One)}/{power})"
-        if exponent == sp.Rational(-1, 2):
-            root = sp.Pow(base, sp.S.Half, evaluate=False)
-            return f"({self._print(sp.S.One)}/{self._print(root)})"
+        if (exponent.is_Rational and exponent.q == 2 and exponent != sp.S.Half
+                and abs(exponent.p) <= 2 * INTEGER_POWER_UP_TO + 1):
+            # x**(n/2) as sqrt(x) times x**(n // 2): a call of pow keeps the whole block
+            # from being vectorized, sqrt does not (pow's value within the squarings' error of
+            # an integer power); + 0 makes either zero's power +0, as pow's
+            root = self._print(sp.Pow(base, sp.S.Half, evaluate=False))
+            whole = abs(exponent.p) // 2
+            power = root if whole == 0 else f"sk_powi<{whole}>({self._print(base)})*{root}"
+            power = f"({power.replace('sk_powi<1>', '')} + 0)"  # x**(3/2): x*sqrt(x)
+            return power if exponent > 0 else f"({self._print(sp.S.One)}/{power})"
         return super()._print_Pow(expr)
 
 

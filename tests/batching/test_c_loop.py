@@ -10,6 +10,7 @@ no C++ compiler, except the refusals that come before the compiler is looked for
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,23 @@ def test_powers_piecewise_and_constants_print_as_their_values(dtype):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want),
                                rtol=2e-6 if dtype == "float32" else 1e-13, atol=1e-30)
     assert np.isnan(np.asarray(got)[data[:, 0] <= 0, 8]).all()  # Piecewise with no default
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_block_holds_no_branch_of_conditions_or_of_log(dtype):
+    # g++ vectorizes no block with a `&&` or `||` in it (log's condition or a Piecewise's And
+    # and Or): every block of a body calling log ran one sample at a time
+    eqs = [sp.log(x) + sp.Piecewise((x, sp.And(x > 0.5, y < 1)), (y, sp.Or(x < -1, y > 2)),
+                                     (2 * x, True))]
+    kernel = sk.build_function(sp.Matrix(eqs), [x, y], dtype=dtype, options=C)
+    assert "sk_log_core" in kernel.source
+    assert not re.search(r"&&|\|\|", kernel.source.split("sk_log_within")[1])
+    rng = np.random.default_rng(2)
+    data = np.stack([rng.uniform(-2, 2, 300), rng.uniform(0, 3, 300)], -1).astype(dtype)
+    want = np.asarray(sk.build_function(sp.Matrix(eqs), [x, y], dtype=dtype)(data))
+    np.testing.assert_allclose(np.asarray(kernel(data)), want, equal_nan=True,
+                               rtol=2e-6 if dtype == "float32" else 1e-13)
 
 
 @needs_compiler
@@ -377,6 +395,39 @@ def test_the_inline_functions_are_within_their_ulps_of_mpmath(name, dtype):
         ulps = _ulps(got, points, getattr(mpmath, name), dtype)
     bound = 0.5 if dtype == "float32" else _INLINE_ULPS[name]
     assert ulps.max() <= bound, f"{name} at {points[ulps.argmax()]!r}: {ulps.max():.2f} ulps"
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_powers_of_half_odd_integers_are_square_roots_times_integer_powers(dtype):
+    # pow keeps a block from being vectorized; x**(n/2) is sqrt(x) times x**(n // 2)
+    exponents = [sp.Rational(n, 2) for n in (-7, -5, -3, 3, 5, 9, 129)]
+    eqs = [x ** e for e in exponents] + [(1 + x ** 2) ** sp.Rational(3, 2) + y ** sp.Rational(-3, 2)]
+    kernel = sk.build_function(sp.Matrix(eqs), [x, y], dtype=dtype, options=C)
+    assert not re.search(r"\bpowf?\(", kernel.source.split("static void each")[1])
+    rng = np.random.default_rng(3)
+    data = np.stack([rng.uniform(-1.5, 1.5, 100), rng.uniform(0.5, 1.5, 100)], -1).astype(dtype)
+    data[:2, 0] = (-0.0, 0.0)
+    got = np.asarray(kernel(data))
+    with mpmath.workdps(40):
+        for column, e in enumerate(exponents):
+            for k, a in enumerate(data[:, 0].astype(np.float64)):
+                if a <= 0:  # NaN for a negative base, 0 or inf at either zero, as pow gives
+                    assert got[k, column] == (0 if e > 0 else np.inf) or a < 0, (e, a)
+                    assert not np.isnan(got[k, column]) or a < 0, (e, a)
+                    assert np.isnan(got[k, column]) or a == 0, (e, a)
+                    continue
+                want = mpmath.power(mpmath.mpf(a), mpmath.mpf(e.p) / e.q)
+                if not np.finfo(dtype).tiny <= want <= np.finfo(dtype).max:
+                    continue  # past the dtype's normal numbers, as its squarings are
+                ulp = np.spacing(np.abs(np.asarray(float(want), dtype)))
+                # sqrt and the product half an ulp each, and x**w by repeated squaring as
+                # integer powers are (XLA's integer_pow too): up to (w - 1) half ulps
+                whole = abs(e.p) // 2
+                assert abs(float(got[k, column]) - float(want)) <= 0.5 * (whole + 2) * ulp, (e, a)
+    # a compound base, beside the XLA program's pow
+    want = np.asarray(sk.build_function(sp.Matrix(eqs), [x, y], dtype=dtype)(data))
+    np.testing.assert_allclose(got[:, -1], want[:, -1], rtol=8 * np.finfo(dtype).eps)
 
 
 @needs_compiler
