@@ -31,9 +31,10 @@ may meet is a closed list: arithmetic, integer and rational powers, `Piecewise` 
 comparisons, and the functions of `C_FUNCTIONS`, each the C library's function of the same
 meaning, but exp, log, tanh, atan, sin and cos, which are symkern.codegen.c_math's inline
 forms (the C library's outside their conditions); anything else is refused with a
-BuildError naming it. The other functions, and powers whose exponent is neither an integer
-nor half an odd integer (`pow`), are calls the compiler does not vectorize: a body of them
-runs its blocks one sample at a time.
+BuildError naming it. A power whose exponent is neither an integer nor half an odd integer
+is pow, computed inline as exp(y log x) within a condition too (symkern.codegen.c_math). The
+other functions are calls the compiler does not vectorize: a body of them runs its blocks one
+sample at a time.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ _STRUCTURE = (sp.Add, sp.Mul, sp.Pow, sp.Symbol, sp.Number, sp.NumberSymbol, sp.
               sp.core.relational.Relational, sp.And, sp.Or, sp.Not, sp.logic.boolalg.BooleanAtom,
               sp.functions.elementary.piecewise.ExprCondPair)
 #: integer powers up to this magnitude are multiplications (`sk_powi`, repeated squaring as
-#: XLA's integer_pow computes them); larger ones call pow
+#: XLA's integer_pow computes them); larger ones are pow (`sk_pow`)
 INTEGER_POWER_UP_TO = 64
 #: samples a vectorized block computes together: one 512-bit vector of the dtype's numbers
 BLOCK = {"float32": 16, "float64": 8}
@@ -83,12 +84,22 @@ class CLoopSource:
     dtype: str
 
 
+def calls_pow(power: sp.Pow) -> bool:
+    """Whether the loop computes `power` as pow: an exponent that is neither an integer nor
+    half an odd integer of the magnitudes `_Printer` writes as products and square roots."""
+    exponent = power.exp
+    if exponent.is_Integer:
+        return abs(int(exponent)) > INTEGER_POWER_UP_TO
+    return not (exponent.is_Rational and exponent.q == 2
+                and abs(exponent.p) <= 2 * INTEGER_POWER_UP_TO + 1)
+
+
 class _Printer(C99CodePrinter):
     """C99 with the loop's names for symbols, constants as the dtype's nearest numbers, a
     Piecewise without a last branch given NaN's, its conditions' And and Or as `&` and `|`
     (a branch keeps a block from being vectorized), integer powers as multiplications, powers
-    of half an odd integer as a square root times an integer power, and
-    symkern.codegen.c_math's inline functions (`sk_exp`, ...). Nothing is substituted in the
+    of half an odd integer as a square root times an integer power, other powers as
+    `sk_pow`, and symkern.codegen.c_math's inline functions (`sk_exp`, ...). Nothing is substituted in the
     expressions themselves: a rebuilt SymPy node is evaluated again, and evaluating an exp or
     a log of a large polynomial factors it (minutes)."""
 
@@ -134,6 +145,9 @@ class _Printer(C99CodePrinter):
 
     def _print_Pow(self, expr: sp.Pow) -> str:
         base, exponent = expr.args
+        if calls_pow(expr):  # symkern.codegen.c_math's inline pow
+            form = "_core" if self.inline_only else ""
+            return f"sk_pow{form}({self._print(base)}, {self._print(exponent)})"
         if exponent.is_Integer and 2 <= abs(int(exponent)) <= INTEGER_POWER_UP_TO:
             power = f"sk_powi<{abs(int(exponent))}>({self._print(base)})"
             return power if exponent > 0 else f"({self._print(sp.S.One)}/{power})"
@@ -208,6 +222,9 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     names.update({symbol: f"s_{k}" for k, (symbol, _) in enumerate(shared)})
     used = {call.func for value in [v for _, v in shared] + list(reduced)
             for call in value.atoms(*INLINE_FUNCTIONS)}
+    if any(calls_pow(power) for value in [v for _, v in shared] + list(reduced)
+           for power in value.atoms(sp.Pow)):
+        used.add(sp.Pow)
     printer = _Printer(dtype, names, inline_only=False)
     inline = _Printer(dtype, names, inline_only=True)
     c_type = C_TYPES[dtype]
@@ -224,8 +241,12 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     places = [(leaf, size, k) for leaf, size in enumerate(leaf_sizes) for k in range(size)]
 
     def checks(value: sp.Basic) -> list[str]:
-        return [f"out_of_range |= !sk_{call.func.__name__}_within({inline.doprint(call.args[0])});"
-                for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)]
+        powers = [power for power in value.atoms(sp.Pow) if calls_pow(power)]
+        return ([f"out_of_range |= !sk_{call.func.__name__}_within({inline.doprint(call.args[0])});"
+                 for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)]
+                + [f"out_of_range |= !sk_pow_within({inline.doprint(power.base)}, "
+                   f"{inline.doprint(power.exp)});"
+                   for power in sorted(powers, key=sp.default_sort_key)])
 
     def row(kind: str, index: int, size: int, opaque: bool) -> str:
         """The length of a row of data (`kind` "x") or of an equation's entries ("o"): a
@@ -457,4 +478,4 @@ static ffi::Error run_batch({handler_arguments}) {{
                        dtype)
 
 
-__all__ = ["C_FUNCTIONS", "INTEGER_POWER_UP_TO", "CLoopSource", "c_loop_source"]
+__all__ = ["C_FUNCTIONS", "INTEGER_POWER_UP_TO", "CLoopSource", "c_loop_source", "calls_pow"]

@@ -98,6 +98,47 @@ def test_powers_piecewise_and_constants_print_as_their_values(dtype):
 
 @needs_compiler
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_other_powers_are_exp_of_y_log_x_within_their_ulps_and_pow_outside(dtype):
+    # x**y, x**(1/3), x**-0.214 and x**100 call pow, which keeps a block from being
+    # vectorized: exp(y log x) inline where |y log x| <= POW_INLINE_UP_TO, pow elsewhere
+    from symkern.codegen.c_math import POW_INLINE_UP_TO
+
+    eqs = [x ** y, x ** sp.Rational(1, 3), x ** sp.Float(-0.214), x ** 100]
+    kernel = sk.build_function(sp.Matrix(eqs), [x, y], dtype=dtype, options=C)
+    assert kernel.source.count("sk_pow_core(") >= len(eqs)
+    rng = np.random.default_rng(4)
+    n = 4000
+    data = np.stack([np.exp(rng.uniform(-3, 3, n)), rng.uniform(-2, 2, n)], -1)
+    data[:40, 0] = -data[:40, 0]  # pow's NaN, and its value at integer exponents
+    data[40:80, 1] = rng.integers(-3, 4, 40)
+    data[80:84] = [(0.0, 2.0), (0.0, -1.5), (np.inf, 0.5), (2.0, np.nan)]
+    data = data.astype(dtype)
+    got = np.asarray(kernel(data))
+    bound = 0.5 if dtype == "float32" else 2.5
+    # the exponents as the dtype's numbers, as the loop reads them
+    exponents = [None, mpmath.mpf(float(np.asarray(1, dtype) / np.asarray(3, dtype))),
+                 mpmath.mpf(float(np.asarray(-0.214, dtype))), 100]
+    inline = 0
+    with mpmath.workdps(40):
+        for k, (a, b) in enumerate(data.astype(np.float64)):
+            for column, e in enumerate(exponents):
+                e = mpmath.mpf(b) if e is None else e
+                if not (np.isfinite(a) and np.isfinite(float(e))) or a <= 0:
+                    want = np.power(np.asarray(a, dtype), np.asarray(float(e), dtype))
+                    if column == 0:  # the C library's pow, as the sample-by-sample loop calls it
+                        np.testing.assert_array_equal(got[k, column], want, err_msg=f"{a} ** {e}")
+                    continue
+                want = mpmath.power(mpmath.mpf(a), e)
+                if not np.finfo(dtype).tiny <= want <= np.finfo(dtype).max:
+                    continue
+                inline += abs(float(e) * np.log(a)) <= POW_INLINE_UP_TO[dtype]
+                ulp = float(np.spacing(np.asarray(float(want), dtype)))
+                assert abs(float(got[k, column]) - float(want)) <= bound * ulp, (a, e, column)
+    assert inline > n  # most of the samples took the inline form
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_block_holds_no_branch_of_conditions_or_of_log(dtype):
     # g++ vectorizes no block with a `&&` or `||` in it (log's condition or a Piecewise's And
     # and Or): every block of a body calling log ran one sample at a time
