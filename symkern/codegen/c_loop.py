@@ -148,18 +148,18 @@ class _Printer(C99CodePrinter):
         if calls_pow(expr):  # symkern.codegen.c_math's inline pow
             form = "_core" if self.inline_only else ""
             return f"sk_pow{form}({self._print(base)}, {self._print(exponent)})"
-        if exponent.is_Integer and 2 <= abs(int(exponent)) <= INTEGER_POWER_UP_TO:
+        if exponent.is_Integer:  # within INTEGER_POWER_UP_TO (calls_pow)
+            if abs(int(exponent)) == 1:
+                return super()._print_Pow(expr)
             power = f"sk_powi<{abs(int(exponent))}>({self._print(base)})"
             return power if exponent > 0 else f"({self._print(sp.S.One)}/{power})"
-        if (exponent.is_Rational and exponent.q == 2 and exponent != sp.S.Half
-                and abs(exponent.p) <= 2 * INTEGER_POWER_UP_TO + 1):
+        if exponent != sp.S.Half:  # half an odd integer (calls_pow)
             # x**(n/2) as sqrt(x) times x**(n // 2): a call of pow keeps the whole block
             # from being vectorized, sqrt does not (pow's value within the squarings' error of
             # an integer power); + 0 makes either zero's power +0, as pow's
             root = self._print(sp.Pow(base, sp.S.Half, evaluate=False))
             whole = abs(exponent.p) // 2
-            power = root if whole == 0 else f"sk_powi<{whole}>({self._print(base)})*{root}"
-            power = f"({power.replace('sk_powi<1>', '')} + 0)"  # x**(3/2): x*sqrt(x)
+            power = f"({root} + 0)" if whole == 0 else f"(sk_powi<{whole}>({self._print(base)})*{root} + 0)"
             return power if exponent > 0 else f"({self._print(sp.S.One)}/{power})"
         return super()._print_Pow(expr)
 
@@ -220,11 +220,11 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
         names.update({s: f"x{a + 1}_{k}" for k, s in enumerate(symbols)})
     names.update({s: f"p_{k}" for k, s in enumerate(parameters)})
     names.update({symbol: f"s_{k}" for k, (symbol, _) in enumerate(shared)})
-    used = {call.func for value in [v for _, v in shared] + list(reduced)
-            for call in value.atoms(*INLINE_FUNCTIONS)}
-    if any(calls_pow(power) for value in [v for _, v in shared] + list(reduced)
-           for power in value.atoms(sp.Pow)):
-        used.add(sp.Pow)
+    # the inline functions the values call, and sp.Pow where one of them is pow
+    used = {sp.Pow if isinstance(node, sp.Pow) else node.func
+            for value in [v for _, v in shared] + list(reduced)
+            for node in value.atoms(*INLINE_FUNCTIONS, sp.Pow)
+            if not isinstance(node, sp.Pow) or calls_pow(node)}
     printer = _Printer(dtype, names, inline_only=False)
     inline = _Printer(dtype, names, inline_only=True)
     c_type = C_TYPES[dtype]

@@ -193,14 +193,15 @@ POW_INLINE_UP_TO = {"float64": 1.0, "float32": 708.0}
 
 @dataclass(frozen=True)
 class Inline:
-    """One function the loop computes inline within a condition on its argument."""
+    """One function the loop computes inline within a condition on its arguments."""
 
-    #: the C library's name (float64; float32 adds `f`)
+    #: the C library's name (float64; float32 adds `f`), and the inline forms' (`sk_pow`)
     library: str
-    #: the condition on the argument `x`, in the loop's dtype
-    within: Callable[[str], str]
-    #: the inline form of an argument `x` within it
-    core: Callable[[str], str]
+    #: the condition on the arguments (named `arguments`), in the loop's dtype
+    within: Callable[..., str]
+    #: the inline form of arguments within it
+    core: Callable[..., str]
+    arguments: tuple[str, ...] = ("x",)
 
 
 def _max(dtype: str) -> str:
@@ -212,10 +213,10 @@ def _table(dtype: str) -> dict[type, Inline]:
     literal = lambda v: _literal(v, dtype)  # noqa: E731
     fast = literal(REDUCTIONS[np.dtype(dtype)].fast_up_to)
 
-    def through_f64(name: str) -> Callable[[str], str]:
+    def through_f64(name: str) -> Callable[..., str]:
         if dtype == "float64":
-            return lambda x: f"sk_{name}_f64({x})"
-        return lambda x: f"({c_type})sk_{name}_f64((double){x})"
+            return lambda *xs: f"sk_{name}_f64({', '.join(xs)})"
+        return lambda *xs: f"({c_type})sk_{name}_f64({', '.join(f'(double){x}' for x in xs)})"
 
     smallest = "0x1p-1022" if dtype == "float64" else "0.0f"
     # `&`, not `&&`: a branch in a block keeps g++ from vectorizing it (the whole block ran
@@ -229,55 +230,41 @@ def _table(dtype: str) -> dict[type, Inline]:
         sp.log: Inline("log", lambda x: positive.format(x=x), through_f64("log")),
         sp.tanh: Inline("tanh", lambda x: f"std::fabs({x}) <= {literal(354)}", through_f64("tanh")),
         sp.atan: Inline("atan", lambda x: f"std::fabs({x}) <= {_max(dtype)}", through_f64("atan")),
+        # pow, for the powers symkern.codegen.c_loop does not write as products and roots
+        sp.Pow: Inline("pow", lambda x, y: f"{positive.format(x=x)} & (std::fabs((double){y} * "
+                                           f"sk_log_f64((double){x})) <= {_hex(POW_INLINE_UP_TO[dtype])})",
+                       through_f64("pow"), ("x", "y")),
     }
 
 
-#: the functions the loop computes inline (the others are the C library's calls)
-INLINE_FUNCTIONS = tuple(_table("float64"))
+#: the functions the loop computes inline (the others are the C library's calls); pow is
+#: inline too, for the powers symkern.codegen.c_loop.calls_pow picks (`sp.Pow` in `used`)
+INLINE_FUNCTIONS = tuple(f for f in _table("float64") if f is not sp.Pow)
 
 
 def inline_source(used: set[type], dtype: str) -> str:
     """The C++ of `sk_F_within`, `sk_F_core` and `sk_F` for each function of `used` (some of
-    `INLINE_FUNCTIONS`), after the float64 forms and `sk_turned` they call."""
+    `INLINE_FUNCTIONS`, and `sp.Pow` for pow), after the float64 forms and `sk_turned` they
+    call."""
     c_type = C_TYPES[dtype]
     suffix = "f" if dtype == "float32" else ""
     table = _table(dtype)
-    names = [f.__name__ for f in INLINE_FUNCTIONS if f in used] + (["pow"] if sp.Pow in used else [])
+    inlines = [table[f] for f in (*INLINE_FUNCTIONS, sp.Pow) if f in used]
+    names = [inline.library for inline in inlines]
     parts = list(dict.fromkeys(part for name in names for part in _NEEDS.get(name, ())))
     lines = [_F64[part] for part in parts]
     if {"sin", "cos"} & set(names):
         lines.append(_trig_source(REDUCTIONS[np.dtype(dtype)], dtype))
-    for function in INLINE_FUNCTIONS:
-        if function not in used:
-            continue
-        name, inline = function.__name__, table[function]
+    for inline in inlines:
+        name, xs = inline.library, inline.arguments
+        declared, passed = ", ".join(f"{c_type} {x}" for x in xs), ", ".join(xs)
         lines.append(
-            f"SK_INLINE bool sk_{name}_within({c_type} x) {{ return {inline.within('x')}; }}\n"
-            f"SK_INLINE {c_type} sk_{name}_core({c_type} x) {{ return {inline.core('x')}; }}\n"
-            f"SK_CALLED {c_type} sk_{name}({c_type} x) {{\n"
-            f"  return sk_{name}_within(x) ? sk_{name}_core(x) : {inline.library}{suffix}(x);\n}}\n")
-    if sp.Pow in used:
-        lines.append(_pow_source(dtype))
+            f"SK_INLINE bool sk_{name}_within({declared}) {{ return {inline.within(*xs)}; }}\n"
+            f"SK_INLINE {c_type} sk_{name}_core({declared}) {{ return {inline.core(*xs)}; }}\n"
+            f"SK_CALLED {c_type} sk_{name}({declared}) {{\n"
+            f"  return sk_{name}_within({passed}) ? sk_{name}_core({passed}) : "
+            f"{name}{suffix}({passed});\n}}\n")
     return "\n".join(lines)
-
-
-def _pow_source(dtype: str) -> str:
-    """`sk_pow_within`, `sk_pow_core` and `sk_pow` of a base and an exponent in `dtype`: pow
-    a power whose exponent is neither an integer nor half an odd integer (symkern.codegen.c_loop)
-    calls, exp(y log x) within `POW_INLINE_UP_TO`, the C library's pow outside it."""
-    c_type = C_TYPES[dtype]
-    suffix = "f" if dtype == "float32" else ""
-    smallest = "0x1p-1022" if dtype == "float64" else "0x1p-149f"  # float32's: normal in float64
-    bound = _hex(POW_INLINE_UP_TO[dtype])
-    core = ("sk_pow_f64(x, y)" if dtype == "float64"
-            else f"({c_type})sk_pow_f64((double)x, (double)y)")
-    return (
-        f"SK_INLINE bool sk_pow_within({c_type} x, {c_type} y) {{\n"
-        f"  return (x >= {smallest}) & (x <= {_max(dtype)})\n"
-        f"         & (std::fabs((double)y * sk_log_f64((double)x)) <= {bound});\n}}\n"
-        f"SK_INLINE {c_type} sk_pow_core({c_type} x, {c_type} y) {{ return {core}; }}\n"
-        f"SK_CALLED {c_type} sk_pow({c_type} x, {c_type} y) {{\n"
-        f"  return sk_pow_within(x, y) ? sk_pow_core(x, y) : pow{suffix}(x, y);\n}}\n")
 
 
 __all__ = ["C_TYPES", "INLINE_FUNCTIONS", "POW_INLINE_UP_TO", "Inline", "inline_source"]
