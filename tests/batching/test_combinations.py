@@ -60,7 +60,7 @@ EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
 for _form in ("interpreted", "interpreted-packed"):
     EAGER_BATCHES[_form] = ((), (1,), (1023,), (1024,), (1025,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
-for _form in ("c-loop", "c-loop-float32", "c-loop-packed", "c-loop-streamed"):
+for _form in ("c-loop", "c-loop-float32", "c-loop-packed", "c-loop-streamed", "c-loop-powers"):
     # both sides of two threads (and of streaming from 64 samples)
     EAGER_BATCHES[_form] = ((), (1,), (63,), (64,), (65,), (4097,), (3, 5))
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
@@ -118,10 +118,16 @@ def c_loop_grain(cpu_loop: str) -> Iterator[None]:
 
 
 def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = False,
-                 cpu_loop: str = "xla", stream_from_samples: int | None = None) -> Case:
+                 cpu_loop: str = "xla", stream_from_samples: int | None = None,
+                 powers: bool = False) -> Case:
     extra = lookup(x0) if const else sp.Integer(0)
+    # `powers`: log, a power of half an odd integer and a power the C loop computes as pow,
+    # exp(y log x) inline where |y log x| <= 1 in float64 (c_math.POW_INLINE_UP_TO) and the C
+    # library's pow elsewhere: |y log(2 + x1)| reaches 1.9 on the data below
+    more = (sp.log(2 + x0) + (1 + x0 ** 2) ** sp.Rational(3, 2) + (2 + x1) ** y if powers
+            else sp.Integer(0))
     eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
-           "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c}
+           "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c + more}
     functions = {"lookup": _lookup_jax} if const else None
     with c_loop_grain(cpu_loop), pytest.MonkeyPatch.context() as patch:
         if stream_from_samples is not None:  # as if the last-level cache held that many
@@ -132,6 +138,8 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
                                    functions=functions,
                                    options=sk.BuildOptions(interpret=interpret, cpu_loop=cpu_loop))
     assert (kernel.form == "interpreted") == interpret, kernel.form
+    if powers and cpu_loop == "c":
+        assert "sk_pow_core(" in kernel.source and "sqrt(" in kernel.source
     if const:
         assert kernel.const_args, "the table is a const arg"
 
@@ -141,7 +149,8 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
         lk = _lookup_jax(q) if const else 0.0
         return {"v": jnp.stack([jnp.sin(q) * ps["a"] + r * Y + lk, jnp.tanh(q * r),
                                 jnp.cos(Y) * ps["c"]], axis=-1),
-                "s": jnp.cos(q) * ps["a"] * Y - jnp.exp(-r ** 2) * ps["c"]}
+                "s": jnp.cos(q) * ps["a"] * Y - jnp.exp(-r ** 2) * ps["c"]
+                + (jnp.log(2 + q) + (1 + q ** 2) ** 1.5 + (2 + r) ** Y if powers else 0.0)}
 
     cast = np.float32 if dtype == "float32" else np.float64
     return Case(kernel, reference,
@@ -346,6 +355,7 @@ FORMS: dict[str, Callable[[], Case]] = {
     "c-loop-packed": lambda: _packed_case(cpu_loop="c"),
     # outputs from 64 samples on written past the caches (symkern.kernels.c_loop.streams)
     "c-loop-streamed": lambda: _scalar_case(cpu_loop="c", stream_from_samples=64),
+    "c-loop-powers": lambda: _scalar_case(cpu_loop="c", powers=True),
     # a batch of linear systems: jnp.linalg.solve (what the C solve leaves above
     # SOLVE_UP_TO), and the C solve on both sides of UNROLLED_UP_TO
     "array-solve": lambda: _solve_case(3),
