@@ -38,7 +38,7 @@ def _eqs(extra_params: tuple = ()) -> dict:
             "mix": sp.Matrix([x0, 1])}
 
 
-def _reference(X, ps):
+def _equations(X, ps):
     X = jnp.asarray(X, jnp.float64)
     q, r = X[..., 0], X[..., 1]
     pa, pc = jnp.asarray(ps["a"], jnp.float64), jnp.asarray(ps["c"], jnp.float64)
@@ -52,6 +52,9 @@ def _reference(X, ps):
             "mix": jnp.stack([q, jnp.ones_like(q)], axis=-1)}
 
 
+#: the reference as one program (a call compiles it once per shape, where the operations run
+#: one by one compile each of them at each shape)
+_reference = jax.jit(_equations)
 UNBATCHED_LEAVES = {"I", "m", "k", "n"}
 
 

@@ -197,12 +197,25 @@ def _total(tree):
     return sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(tree))
 
 
+_REFERENCES: dict[str, Any] = {}
+
+
+def reference_of(name: str) -> Any:
+    """The case's reference as one jitted program of (data, parameters): a call compiles it
+    once per shape, where its operations run one by one compile each of them at each shape."""
+    if name not in _REFERENCES:
+        ref = CASES[name].reference
+        _REFERENCES[name] = jax.jit(lambda d, p: ref(*(jnp.asarray(v, jnp.float64) for v in d),
+                                                   {key: jnp.asarray(v) for key, v in p.items()}))
+    return _REFERENCES[name]
+
+
 def run_path(name: str, path: str, data: tuple, ps: dict) -> tuple[Any, Any]:
     """(what symkern computed, what the reference computes) along `path`."""
-    k, ref = kernel_of(name), CASES[name].reference
+    k, jitted = kernel_of(name), reference_of(name)
 
     def reference(*d, p=ps):
-        return ref(*(jnp.asarray(v, jnp.float64) for v in d), {key: jnp.asarray(v) for key, v in p.items()})
+        return jitted(d, p)
 
     if path == "eager":
         return _call(k, data, ps), reference(*data)
@@ -217,7 +230,7 @@ def run_path(name: str, path: str, data: tuple, ps: dict) -> tuple[Any, Any]:
     if path == "grad_params":
         wide = {key: jnp.asarray(v) for key, v in ps.items()}
         return (jax.grad(lambda p: _total(k(*data, p)))(wide),
-                jax.grad(lambda p: _total(ref(*data, p)))(wide))
+                jax.grad(lambda p: _total(jitted(data, p)))(wide))
     if path == "bind":
         return k.bind(ps)(*data), reference(*data)
     if path == "flat":
