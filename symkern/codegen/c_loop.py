@@ -12,8 +12,12 @@ printed by SymPy's C99 printer as the body of a loop over a block of `BLOCK` sam
 vectorizes across the block, reading sample i's data and writing its entries straight into
 row i of each equation's `(samples, *shape)` result, with row lengths the compiler may not
 assume (`sk_opaque`: knowing them, g++ vectorizes only rows of 2^k or 3 numbers). What no
-data reaches (a mass matrix's 0s and 1s, a parameter's function) is computed once a call,
-and a block copies those entries into its rows run by run before writing the others; where
+data reaches (a mass matrix's 0s and 1s, a parameter's function, and the same inside an
+entry that data reaches: `h_K`) is computed once a call, and a block copies those entries
+into its rows run by run before writing the others; a block of more than
+`SECTIONS_ABOVE_OPERATIONS` operations is computed by several functions in turn (sections),
+which the compiler optimizes one by one, the values a later section reads passing through a
+row of `V`; where
 the call's outputs are as large as the last-level cache (the handler's `stream`), a block
 writes what varies into a stage of its rows that holds the others from the start, and
 streams the stage into the result past the caches (non-temporal stores). The
@@ -64,6 +68,23 @@ _STRUCTURE = (sp.Add, sp.Mul, sp.Pow, sp.Symbol, sp.Number, sp.NumberSymbol, sp.
 #: integer powers up to this magnitude are multiplications (`sk_powi`, repeated squaring as
 #: XLA's integer_pow computes them); larger ones are pow (`sk_pow`)
 INTEGER_POWER_UP_TO = 64
+#: a block of more operations than this (`_Walk.cost`) is computed in sections of at most
+#: SECTION_OPERATIONS: a function each, which g++ optimizes alone. Its time on one function
+#: grows faster than the function's length (its RTL combiner and register allocator walk one
+#: basic block of the whole body: 173 and 16 of the 229 s it took on the random wide-sum of
+#: 10^4 operations in float64, printed without `h_K`). Below this, a body compiles whole in
+#: seconds (the network's Jacobian, 4,632, in 9.7 s) and sections would only cost time: its
+#: hidden values pass between them, 1.12-1.29x the time in sections of 1,500
+#: (benchmarks/experiments/c_loop_sections.py)
+SECTIONS_ABOVE_OPERATIONS = 6000
+#: the most operations a section holds: the random wide-sum of 10^4 operations (27,089 here)
+#: built in 64.8 / 107 s (float32 / float64) whole, 55.1 / 70.8 s in sections of 8,000, 37.2 /
+#: 45.8 of 4,000 and 25.8 / 30.9 of 1,500, and ran 1.02 / 1.02, 1.02 / 1.04 and 1.05 / 1.06x
+#: the whole block's time (benchmarks/experiments/c_loop_sections.py)
+SECTION_OPERATIONS = 1500
+#: the operations an inline function or pow counts for in a section's operations (its inline
+#: form is 20-60 vector instructions)
+INLINE_OPERATIONS = 30
 #: samples a vectorized block computes together: one 512-bit vector of the dtype's numbers
 BLOCK = {"float32": 16, "float64": 8}
 _FFI_TYPES = {"float32": "F32", "float64": "F64"}
@@ -103,9 +124,12 @@ class _Printer(C99CodePrinter):
     expressions themselves: a rebuilt SymPy node is evaluated again, and evaluating an exp or
     a log of a large polynomial factors it (minutes)."""
 
-    def __init__(self, dtype: str, names: dict[sp.Basic, str], inline_only: bool) -> None:
+    def __init__(self, dtype: str, names: dict[sp.Basic, str], inline_only: bool,
+                 parts: dict[sp.Basic, str] | None = None) -> None:
         super().__init__({"type_aliases": {real: float32}} if dtype == "float32" else {})
         self._names = names
+        #: subexpressions computed once a call, printed as their names
+        self._parts = parts or {}
         self._digits = 9 if dtype == "float32" else 17
         #: the inline functions as their inline form alone (`sk_exp_core`), in a block whose
         #: arguments were all found within their conditions
@@ -114,6 +138,8 @@ class _Printer(C99CodePrinter):
     def _print(self, expr: Any, **kwargs: Any) -> str:
         if isinstance(expr, sp.Symbol):  # a Dummy or any other subclass too
             return self._print_Symbol(expr)
+        if self._parts and isinstance(expr, sp.Expr) and expr in self._parts:
+            return self._parts[expr]
         return super()._print(expr, **kwargs)
 
     def _print_Symbol(self, expr: sp.Symbol) -> str:
@@ -183,6 +209,148 @@ def _copies(leaf: int, size: int, invariant: Sequence[int], row: str) -> list[st
             f"{end - start} * sizeof(O{leaf}[0]));" for start, end in runs]
 
 
+@dataclass(frozen=True)
+class _Walk:
+    """What a varying statement reads: its largest subexpressions no data reaches (`parts`),
+    its symbols, and the inline functions and pows it calls outside the parts (in a block,
+    each a check), with its operations outside them (`cost`)."""
+
+    parts: tuple[sp.Basic, ...]
+    symbols: frozenset[sp.Symbol]
+    calls: tuple[sp.Basic, ...]
+    cost: int
+
+
+def _walk(value: sp.Basic, varying: set[sp.Basic]) -> _Walk:
+    parts: dict[sp.Basic, None] = {}
+    symbols: set[sp.Symbol] = set()
+    calls: set[sp.Basic] = set()
+    operations = 0
+    stack = [value]
+    while stack:  # values are of bounded depth (linearize), but a walk needs no recursion
+        node = stack.pop()
+        if isinstance(node, sp.Symbol):
+            symbols.add(node)
+            continue
+        if node.is_Atom:
+            continue
+        if isinstance(node, sp.Expr) and not node.free_symbols & varying:
+            parts.setdefault(node)
+            # the printer may print a part's pieces instead of its name (x/c for x*c**-1):
+            # a section reads them too
+            symbols |= node.free_symbols
+            continue
+        if isinstance(node, INLINE_FUNCTIONS) or isinstance(node, sp.Pow) and calls_pow(node):
+            calls.add(node)
+            operations += INLINE_OPERATIONS
+        operations += len(node.args) - 1 if isinstance(node, (sp.Add, sp.Mul)) else 1
+        stack.extend(reversed(node.args))
+    return _Walk(tuple(parts), frozenset(symbols), tuple(sorted(calls, key=sp.default_sort_key)),
+                 operations)
+
+
+@dataclass(frozen=True)
+class _Statement:
+    """A statement of a block: its lines (checks, then the assignment), what it reads, and
+    the shared symbol it defines (None for an entry)."""
+
+    lines: list[str]
+    walk: _Walk
+    symbol: sp.Symbol | None
+
+
+def _sections(items: Sequence[_Statement]) -> list[list[_Statement]]:
+    """`items` in one group, or where they hold more than SECTIONS_ABOVE_OPERATIONS operations
+    (`_Walk.cost`), in consecutive groups of at most SECTION_OPERATIONS (a statement of more
+    is a group alone)."""
+    if sum(item.walk.cost for item in items) <= SECTIONS_ABOVE_OPERATIONS:
+        return [list(items)]
+    groups: list[list[_Statement]] = [[]]
+    spent = 0
+    for item in items:
+        if groups[-1] and spent + item.walk.cost > SECTION_OPERATIONS:
+            groups.append([])
+            spent = 0
+        groups[-1].append(item)
+        spent += item.walk.cost
+    return groups
+
+
+@dataclass(frozen=True)
+class _Sectioned:
+    source: str  # the section functions
+    block: str  # a block's body in `loop`: the sections called in turn
+    prologue: list[str]  # `loop`'s lines before its blocks: the invariants and the values' rows
+
+
+def _number(name: str) -> tuple[str, int]:
+    """A generated name's order: `p_3` -> ("p", 3)."""
+    kind, number = name.split("_")
+    return kind, int(number)
+
+
+def _sectioned_block(groups: Sequence[Sequence[_Statement]], data: Sequence[Sequence[sp.Symbol]],
+                  names: dict[sp.Basic, str], n_leaves: int, c_type: str, width: int) -> _Sectioned:
+    """A block computed by one noinline function a group of statements (`sk_section_K`), each its
+    own vectorized loop over the block's samples. A value a later section reads goes through a
+    row of `width` numbers of `V`; a section reads what `loop` computes once a call (parameters,
+    invariant values, parts) from `H`, and the data as a block in one piece does. `names`:
+    every symbol's and part's name."""
+    data_symbols = {s: (a, k) for a, symbols in enumerate(data) for k, s in enumerate(symbols)}
+    reads = [set().union(*(item.walk.symbols | set(item.walk.parts) for item in group))
+             for group in groups]
+    defined = [{item.symbol for item in group if item.symbol is not None} for group in groups]
+    slots: dict[sp.Basic, int] = {}
+    for g, own in enumerate(defined):
+        for symbol in sorted(own, key=lambda s: _number(names[s])):
+            if any(symbol in later for later in reads[g + 1:]):
+                slots[symbol] = len(slots)
+    every_defined = set().union(*defined)
+    invariants = sorted({s for r in reads for s in r
+                         if s not in data_symbols and s not in every_defined},
+                        key=lambda s: _number(names[s]))
+    held = {s: k for k, s in enumerate(invariants)}
+    arguments = ", ".join([f"const {c_type}* X{a + 1}" for a in range(len(data))]
+                          + [f"const {c_type}* H", f"{c_type}* V"]
+                          + [f"{c_type}* D{leaf}" for leaf in range(n_leaves)]
+                          + ["int64_t i0"] + [f"int64_t wx{a + 1}" for a in range(len(data))]
+                          + [f"int64_t wo{leaf}" for leaf in range(n_leaves)])
+    passed = ", ".join([f"X{a + 1}" for a in range(len(data))] + ["H", "V"]
+                       + [f"D{leaf}" for leaf in range(n_leaves)] + ["i0"]
+                       + [f"wx{a + 1}" for a in range(len(data))]
+                       + [f"wo{leaf}" for leaf in range(n_leaves)])
+    functions = []
+    for g, group in enumerate(groups):
+        before = [f"const {c_type} {names[s]} = H[{held[s]}];"
+                  for s in sorted(reads[g] & held.keys(), key=held.get)]
+        inputs = [f"const {c_type} {names[s]} = X{a + 1}[(i0 + j) * wx{a + 1} + {k}];"
+                  for s, (a, k) in sorted(((s, data_symbols[s]) for s in reads[g] if s in data_symbols),
+                                          key=lambda pair: pair[1])]
+        earlier = [f"const {c_type} {names[s]} = V[{slots[s]} * {width} + j];"
+                   for s in sorted((reads[g] - defined[g]) & slots.keys(), key=slots.get)]
+        kept = [f"V[{slots[s]} * {width} + j] = {names[s]};"
+                for s in sorted(defined[g] & slots.keys(), key=slots.get)]
+        body = inputs + earlier + [line for item in group for line in item.lines] + kept
+        functions.append(
+            f"SK_SECTION int sk_section_{g}({arguments}) {{\n"
+            f"  V = static_cast<{c_type}*>(__builtin_assume_aligned(V, 64));\n"
+            + "".join(f"  {line}\n" for line in before)
+            + "  int out_of_range = 0;\n"
+            "  #pragma omp simd reduction(|:out_of_range)\n"
+            f"  for (int j = 0; j < {width}; ++j) {{\n"
+            + "".join(f"    {line}\n" for line in body)
+            + "  }\n  return out_of_range;\n}\n")
+    held_values = ", ".join(names[s] for s in invariants) or "0"
+    prologue = [f"const {c_type} H[] = {{{held_values}}};",
+                f"std::vector<{c_type}> V_rows({max(1, len(slots)) * width} + 64 / sizeof({c_type}));",
+                f"{c_type}* const V = sk_aligned(V_rows.data());"]
+    block = "int out_of_range = 0;" + "".join(
+        f"\n    out_of_range |= sk_section_{g}({passed});" for g in range(len(groups)))
+    source = (f"// a block in {len(groups)} sections (SECTION_OPERATIONS); {len(slots)} values pass "
+              "between them through V\n" + "\n".join(functions))
+    return _Sectioned(source, block, prologue)
+
+
 def _refuse_unsupported(entries: Sequence[sp.Basic]) -> None:
     for entry in entries:
         for node in sp.preorder_traversal(entry):
@@ -225,8 +393,6 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
             for value in [v for _, v in shared] + list(reduced)
             for node in value.atoms(*INLINE_FUNCTIONS, sp.Pow)
             if not isinstance(node, sp.Pow) or calls_pow(node)}
-    printer = _Printer(dtype, names, inline_only=False)
-    inline = _Printer(dtype, names, inline_only=True)
     c_type = C_TYPES[dtype]
     width = BLOCK[dtype]
 
@@ -240,13 +406,26 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
     varies = [bool(value.free_symbols & varying) for value in reduced]
     places = [(leaf, size, k) for leaf, size in enumerate(leaf_sizes) for k in range(size)]
 
-    def checks(value: sp.Basic) -> list[str]:
-        powers = [power for power in value.atoms(sp.Pow) if calls_pow(power)]
-        return ([f"out_of_range |= !sk_{call.func.__name__}_within({inline.doprint(call.args[0])});"
-                 for call in sorted(value.atoms(*INLINE_FUNCTIONS), key=sp.default_sort_key)]
-                + [f"out_of_range |= !sk_pow_within({inline.doprint(power.base)}, "
-                   f"{inline.doprint(power.exp)});"
-                   for power in sorted(powers, key=sp.default_sort_key)])
+    # what a varying statement holds that no data reaches (a parameter's function, a product
+    # of parameters) is computed once a call too, under a name of its own (`h_K`), as `each`
+    # computes it: a block then computes none of it, whole or in sections
+    walks = {symbol: _walk(value, varying) for symbol, value in shared if symbol in varying}
+    walks.update({k: _walk(value, varying)
+                  for k, (value, v) in enumerate(zip(reduced, varies, strict=True)) if v})
+    parts: dict[sp.Basic, str] = {}
+    for walk in walks.values():
+        for part in walk.parts:
+            parts.setdefault(part, f"h_{len(parts)}")
+    printer = _Printer(dtype, names, inline_only=False)
+    # the varying statements, by name where they hold a part: checked (`each`) and inline
+    checked = _Printer(dtype, names, inline_only=False, parts=parts)
+    inline = _Printer(dtype, names, inline_only=True, parts=parts)
+
+    def checks(calls: Sequence[sp.Basic]) -> list[str]:
+        return [f"out_of_range |= !sk_pow_within({inline.doprint(call.base)}, "
+                f"{inline.doprint(call.exp)});" if isinstance(call, sp.Pow) else
+                f"out_of_range |= !sk_{call.func.__name__}_within({inline.doprint(call.args[0])});"
+                for call in calls]
 
     def row(kind: str, index: int, size: int, opaque: bool) -> str:
         """The length of a row of data (`kind` "x") or of an equation's entries ("o"): a
@@ -258,42 +437,62 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
                 f"X{a + 1}[{sample} * {row('x', a + 1, len(symbols), opaque)} + {k}];"
                 for a, symbols in enumerate(data) for k, s in enumerate(symbols)]
 
-    # every value and entry with the inline functions checked (`sk_F`), as `each` computes
-    # them and a call computes the invariant ones once
-    values = [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"
-              for symbol, value in shared]
-    results = [printer.doprint(value) for value in reduced]
-    # sample by sample: every value and entry
-    each_body = reads("i", opaque=False) + values + [
-        f"O{leaf}[i * {size} + {k}] = {result};"
-        for (leaf, size, k), result in zip(places, results, strict=True)]
-    # once a call: the invariant shared values, and each equation's invariant entries in a row
-    # of its own (`t{leaf}`, on the heap: an equation may have any number of entries)
-    hoisted = [line for (symbol, _), line in zip(shared, values, strict=True)
-               if symbol not in varying]
+    # once a call: the invariant shared values, the parts, and each equation's invariant
+    # entries in a row of its own (`t{leaf}`, on the heap: an equation may have any number of
+    # entries), all with the inline functions checked (`sk_F`)
+    hoisted = [f"const {c_type} {names[symbol]} = {printer.doprint(value)};"
+               for symbol, value in shared if symbol not in varying]
+    hoisted += [f"const {c_type} {name} = {printer.doprint(part)};" for part, name in parts.items()]
     invariant: dict[int, list[tuple[int, str]]] = {}
-    for (leaf, _, k), result, v in zip(places, results, varies, strict=True):
+    for (leaf, _, k), value, v in zip(places, reduced, varies, strict=True):
         if not v:
-            invariant.setdefault(leaf, []).append((k, result))
+            invariant.setdefault(leaf, []).append((k, printer.doprint(value)))
+    # sample by sample (`each`): what `hoisted` computes once, then every varying value and
+    # every entry
+    each_prologue = list(hoisted)
+    each_body = reads("i", opaque=False) + [
+        f"const {c_type} {names[symbol]} = {checked.doprint(value)};"
+        for symbol, value in shared if symbol in varying] + [
+        f"O{leaf}[i * {size} + {k}] = {checked.doprint(value)};"
+        for k_all, ((leaf, size, k), value) in enumerate(zip(places, reduced, strict=True))
+        if varies[k_all]] + [
+        f"O{leaf}[i * {leaf_sizes[leaf]} + {k}] = t{leaf}[{k}];"
+        for leaf, cells in invariant.items() for k, _ in cells]
     row_copies, stage_copies = [], []
     for leaf, cells in invariant.items():
-        hoisted.append(f"std::vector<{c_type}> t{leaf}({leaf_sizes[leaf]});")
-        hoisted += [f"t{leaf}[{k}] = {result};" for k, result in cells]
+        held_row = [f"std::vector<{c_type}> t{leaf}({leaf_sizes[leaf]});"]
+        held_row += [f"t{leaf}[{k}] = {result};" for k, result in cells]
+        hoisted += held_row
+        each_prologue += held_row
         places_of = [k for k, _ in cells]
         row_copies += _copies(leaf, leaf_sizes[leaf], places_of, f"D{leaf} + j * {leaf_sizes[leaf]}")
         stage_copies += _copies(leaf, leaf_sizes[leaf], places_of,
                                 f"S{leaf}.data() + j * {leaf_sizes[leaf]}")
-    # a block: the varying values, vectorized, each inline function's argument checked
-    block_body = reads("(i0 + j)", opaque=True)
-    for symbol, value in shared:
-        if symbol in varying:
-            block_body += checks(value) + [f"const {c_type} {names[symbol]} = {inline.doprint(value)};"]
-    for (leaf, _, k), value, v in zip(places, reduced, varies, strict=True):
-        if v:
-            block_body += checks(value) + [f"D{leaf}[j * wo{leaf} + {k}] = {inline.doprint(value)};"]
+    # a block: the varying values, vectorized, each inline function's argument checked; in
+    # sections where it holds more than SECTIONS_ABOVE_OPERATIONS operations
+    items = [_Statement(checks(walks[symbol].calls)
+                        + [f"const {c_type} {names[symbol]} = {inline.doprint(value)};"],
+                        walks[symbol], symbol)
+             for symbol, value in shared if symbol in varying]
+    items += [_Statement(checks(walks[k_all].calls)
+                         + [f"D{leaf}[j * wo{leaf} + {k}] = {inline.doprint(value)};"],
+                         walks[k_all], None)
+              for k_all, ((leaf, _, k), value) in enumerate(zip(places, reduced, strict=True))
+              if varies[k_all]]
     rows = ([f"const int64_t wx{a + 1} = sk_opaque({len(symbols)});" for a, symbols in enumerate(data)]
             + [f"const int64_t wo{leaf} = sk_opaque({size});" for leaf, size in enumerate(leaf_sizes)])
-
+    groups = _sections(items)
+    section_source = ""
+    if len(groups) < 2:
+        block_body = reads("(i0 + j)", opaque=True) + [line for item in items for line in item.lines]
+        block = (f"int out_of_range = 0;\n    #pragma omp simd reduction(|:out_of_range)\n"
+                 f"    for (int j = 0; j < {width}; ++j) {{\n      "
+                 + "\n      ".join(block_body) + "\n    }")
+    else:
+        sectioned = _sectioned_block(groups, data, {**names, **parts}, len(leaf_sizes), c_type,
+                                     width)
+        section_source, block = sectioned.source, sectioned.block
+        rows += sectioned.prologue
     parameter_reads = [f"const {c_type} {names[s]} = P[{k}];" for k, s in enumerate(parameters)]
     ffi_type = _FFI_TYPES[dtype]
     arguments = ", ".join([f"const {c_type}* X{a + 1}" for a in range(len(data))]
@@ -348,6 +547,8 @@ namespace ffi = xla::ffi;
 // one copy of each function (SK_CALLED), which keeps a large body's compile shorter
 #define SK_INLINE static inline __attribute__((always_inline))
 #define SK_CALLED static __attribute__((noinline))
+// a section of a long block: a function of its own, which the compiler optimizes alone
+#define SK_SECTION static __attribute__((noinline))
 
 // x**N for an integer N >= 1, by repeated squaring (as XLA's integer_pow), unrolled when compiled
 template <int N>
@@ -394,6 +595,12 @@ SK_INLINE void sk_fence() {{
 #endif
 }}
 
+// `p` rounded up to a multiple of 64 bytes
+template <typename T>
+SK_INLINE T* sk_aligned(T* p) {{
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}}
+
 // a row length the compiler may not assume. Knowing it, g++ vectorizes the block's reads of
 // a sample's data and writes of its entries only where a row holds 2^k or 3 numbers (the
 // groups it can permute), and otherwise leaves the whole block one sample at a time; not
@@ -405,12 +612,13 @@ SK_INLINE int64_t sk_opaque(int64_t n) {{
 
 // sample by sample, each inline function taking the C library's value outside its condition
 static void each({arguments}, int64_t lo, int64_t hi) {{
-  {(indent[:-2]).join(parameter_reads) if parameter_reads else ""}
+  {(indent[:-2]).join(parameter_reads + each_prologue)}
   for (int64_t i = lo; i < hi; ++i) {{
     {indent.join(each_body)}
   }}
 }}
 
+{section_source}
 // {width} samples at a time as one vectorized loop, the inline functions their inline forms
 // alone; a block with an argument outside a condition (or NaN) is computed again sample by
 // sample (`each`, which writes over it and gives a sample within the conditions the same
@@ -422,11 +630,7 @@ static void loop({arguments}, int64_t lo, int64_t hi, int64_t stream) {{
   {(indent[:-2]).join(parameter_reads + hoisted + rows + stages)}
   int64_t i0 = lo;
   for (; i0 + {width} <= hi; i0 += {width}) {{{copy_loop}
-    int out_of_range = 0;
-    #pragma omp simd reduction(|:out_of_range)
-    for (int j = 0; j < {width}; ++j) {{
-      {(indent + "  ").join(block_body)}
-    }}
+    {block}
     {finish}
   }}
   each({call_arguments}, i0, hi);

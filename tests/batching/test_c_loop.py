@@ -39,6 +39,7 @@ from test_random_expressions import (
 )
 
 import symkern as sk
+from symkern.codegen import c_loop as printing
 from symkern.errors import BuildError
 from symkern.kernels import c_loop as loops
 from symkern.kernels import memory
@@ -421,23 +422,33 @@ _INLINE_ULPS = {"exp": 1.0, "log": 1.0, "tanh": 2.5, "atan": 2.5}
 
 @needs_compiler
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", sorted(_INLINE_POINTS))
-def test_the_inline_functions_are_within_their_ulps_of_mpmath(name, dtype):
-    points = _INLINE_POINTS[name](np.random.default_rng(7))
-    if dtype == "float32":  # within float32's normal numbers (XLA flushes subnormals)
-        finfo = np.finfo(np.float32)
-        keep = {"exp": np.abs(points) < 87.0, "log": (points > finfo.tiny) & (points < finfo.max),
-                "tanh": np.abs(points) > finfo.tiny, "atan": (np.abs(points) > finfo.tiny)
-                & (np.abs(points) < finfo.max)}[name]
-        points = points[keep]
-    points = points.astype(dtype)
-    kernel = sk.build_function(getattr(sp, name)(x), [x], dtype=dtype, options=C)
-    assert f"sk_{name}_core" in kernel.source  # inline, not the C library's call
-    got = np.asarray(kernel(points[:, None])).reshape(-1)
-    with mpmath.workdps(40):
-        ulps = _ulps(got, points, getattr(mpmath, name), dtype)
-    bound = 0.5 if dtype == "float32" else _INLINE_ULPS[name]
-    assert ulps.max() <= bound, f"{name} at {points[ulps.argmax()]!r}: {ulps.max():.2f} ulps"
+def test_the_inline_functions_are_within_their_ulps_of_mpmath(dtype):
+    # one loop of every inline function, each on a data column of its own points
+    names = sorted(_INLINE_POINTS)
+    columns = []
+    for name in names:
+        points = _INLINE_POINTS[name](np.random.default_rng(7))
+        if dtype == "float32":  # within float32's normal numbers (XLA flushes subnormals)
+            finfo = np.finfo(np.float32)
+            keep = {"exp": np.abs(points) < 87.0,
+                    "log": (points > finfo.tiny) & (points < finfo.max),
+                    "tanh": np.abs(points) > finfo.tiny,
+                    "atan": (np.abs(points) > finfo.tiny) & (np.abs(points) < finfo.max)}[name]
+            points = points[keep]
+        columns.append(points.astype(dtype))
+    rows = max(len(points) for points in columns)
+    data = np.stack([np.resize(points, rows) for points in columns], axis=-1)
+    symbols = sp.symbols(f"z0:{len(names)}")
+    entries = [getattr(sp, name)(z) for name, z in zip(names, symbols, strict=True)]
+    kernel = sk.build_function(sp.Matrix(entries), list(symbols), dtype=dtype, options=C)
+    got = np.asarray(kernel(data))
+    for column, name in enumerate(names):
+        assert f"sk_{name}_core" in kernel.source  # inline, not the C library's call
+        points = columns[column]
+        with mpmath.workdps(40):
+            ulps = _ulps(got[:len(points), column], points, getattr(mpmath, name), dtype)
+        bound = 0.5 if dtype == "float32" else _INLINE_ULPS[name]
+        assert ulps.max() <= bound, f"{name} at {points[ulps.argmax()]!r}: {ulps.max():.2f} ulps"
 
 
 @needs_compiler
@@ -490,6 +501,68 @@ def test_a_block_with_an_argument_outside_a_condition_takes_the_library(dtype):
     again = np.asarray(kernel(clean))
     untouched = [k for k in range(40) if k not in (3, 17, 25, 33, 38)]
     np.testing.assert_array_equal(got[untouched], again[untouched])
+
+
+def test_a_block_is_split_where_its_statements_pass_section_operations(monkeypatch):
+    # x + y + p: 2 operations; exp(x*y): 1 + 1 + INLINE_OPERATIONS; the block is one section
+    # up to exactly their sum, and its sections hold them together up to their sum
+    first, second = x + y + p, sp.exp(x * y)
+    items = [printing._Statement([], printing._walk(value, {x, y}), None)
+             for value in (first, second)]
+    total = 4 + printing.INLINE_OPERATIONS
+    # one section up to SECTIONS_ABOVE_OPERATIONS whatever SECTION_OPERATIONS is
+    monkeypatch.setattr(printing, "SECTION_OPERATIONS", 1)
+    for above, groups in ((total, [2]), (total - 1, [1, 1])):
+        monkeypatch.setattr(printing, "SECTIONS_ABOVE_OPERATIONS", above)
+        assert [len(group) for group in printing._sections(items)] == groups
+    # past it, sections of at most SECTION_OPERATIONS
+    monkeypatch.setattr(printing, "SECTIONS_ABOVE_OPERATIONS", 0)
+    for budget, groups in ((total, [2]), (total - 1, [1, 1]), (1, [1, 1])):
+        monkeypatch.setattr(printing, "SECTION_OPERATIONS", budget)
+        assert [len(group) for group in printing._sections(items)] == groups
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_long_block_in_sections_gives_the_bits_of_one_block(dtype, monkeypatch):
+    # values shared between entries of several equations (they pass from section to section
+    # through V), parameters and a function of them computed once a call (read from H),
+    # entries no data reaches, inline functions and pow, and samples outside exp's condition
+    # (the whole block again sample by sample)
+    d = sp.symbols("d0:4")
+    q, r = sp.symbols("q r")
+    shared = sp.sin(d[0] * d[1]) + sp.exp(q)
+    other = sp.log(1 + d[2] ** 2) * sp.tanh(r * d[3])
+    eqs = {"first": sp.Matrix([shared * other, sp.exp(d[0]) + q, 2, (2 + d[1] ** 2) ** r]),
+           "second": sp.Matrix([sp.atan(shared) - other, sp.cos(d[3]) * shared ** 3, q * r]),
+           "third": other + sp.exp(r) * d[2]}
+    params = {"q": q, "r": r}
+    builds = {}
+    for label, budget in (("whole", 10**9), ("sections", 40)):
+        monkeypatch.setattr(printing, "SECTIONS_ABOVE_OPERATIONS", budget)
+        monkeypatch.setattr(printing, "SECTION_OPERATIONS", budget)
+        builds[label] = sk.build_function(eqs, list(d), params=params, dtype=dtype, options=C)
+    assert "sk_section_" not in builds["whole"].source
+    assert "sk_section_3(" in builds["sections"].source and "V[" in builds["sections"].source
+    for build in builds.values():
+        # exp(r) inside an entry data reaches is computed once a call (`h_K`): no block
+        # checks or computes a function of parameters alone
+        assert re.search(r"const \w+ h_\d+ = sk_exp\(p_1\);", build.source)
+        assert not re.search(r"(_within|_core)\(p_\d+\)", build.source)
+    reference = sk.build_function(eqs, list(d), params=params,
+                                  dtype="float64" if jax.config.jax_enable_x64 else dtype)
+    data = np.random.default_rng(8).uniform(-2, 2, (2 * loops.GRAIN + 21, 4)).astype(dtype)
+    data[[5, 40, 41]] = 800.0  # exp(d0) out of its inline form's range
+    ps = {"q": 0.3, "r": -0.6}
+    want = reference(data, ps)
+    for n in (1, 8, 9, 17, 64, 2 * loops.GRAIN + 21):
+        whole, sections = builds["whole"](data[:n], ps), builds["sections"](data[:n], ps)
+        for name in eqs:
+            np.testing.assert_array_equal(np.asarray(sections[name]), np.asarray(whole[name]))
+            np.testing.assert_allclose(np.asarray(sections[name], np.float64),
+                                       np.asarray(want[name], np.float64)[:n],
+                                       rtol=1e-12 if dtype == "float64" else 2e-5,
+                                       atol=1e-14 if dtype == "float64" else 1e-6)
 
 
 @needs_compiler

@@ -6,8 +6,9 @@ tiled, vectorized, pieces, structured, the array program of a matrix expression,
 packed in one buffer (both sides of batching.packing.PACK_FROM_LEAVES: the scalar form's two
 parameters, the packed form's five), the interpreter's instruction table (with two data
 arguments, and with packed parameters), the C loop of `BuildOptions(cpu_loop="c")` (in
-both dtypes, with packed parameters, and writing its outputs past the caches from 64
-samples on; skipped without a C++ compiler), and a batch of linear systems with
+both dtypes, with packed parameters, writing its outputs past the caches from 64
+samples on, and with log and powers in a block of several sections; skipped without a C++
+compiler), and a batch of linear systems with
 `jnp.linalg.solve` and with the C solve on both sides of its unrolled sizes. The batch shapes
 sit on both sides of each size the kernels know (1, 63-65, 1,023-1,025, 4,095-4,097, the
 tiles of 4,096, the interpreter's 1,024 and the C loop's two threads, built here to take at
@@ -27,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -38,6 +39,7 @@ import sympy as sp
 
 import symkern as sk
 from symkern.batching.packing import PACK_FROM_LEAVES
+from symkern.codegen import c_loop as c_printing
 from symkern.codegen import passes
 from symkern.codegen.c_solve import UNROLLED_UP_TO
 from symkern.kernels import c_loop as c_loops
@@ -60,7 +62,8 @@ EAGER_BATCHES["pieces"] = ((1,), (64,), (65,), (3, 5))
 for _form in ("interpreted", "interpreted-packed"):
     EAGER_BATCHES[_form] = ((), (1,), (1023,), (1024,), (1025,), (3, 5))
 EAGER_BATCHES["tiled"] = ((1,), (63,), (64,), (65,), (1025,), (3, 5))  # tiles of 64 here
-for _form in ("c-loop", "c-loop-float32", "c-loop-packed", "c-loop-streamed", "c-loop-powers"):
+for _form in ("c-loop", "c-loop-float32", "c-loop-packed", "c-loop-streamed",
+              "c-loop-powers-sections"):
     # both sides of two threads (and of streaming from 64 samples)
     EAGER_BATCHES[_form] = ((), (1,), (63,), (64,), (65,), (4097,), (3, 5))
 PATHS = ("eager", "jit", "vmap", "grad_data", "grad_params", "bind", "flat", "shard", "stream",
@@ -80,6 +83,8 @@ class Case:
     data: Callable[[tuple[int, ...]], tuple[np.ndarray, ...]]
     ps: Any
     rtol: float = 1e-10
+    #: the reference as jitted programs (`references`)
+    jitted: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
 
 # ---- the forms ---------------------------------------------------------------------------
@@ -119,7 +124,7 @@ def c_loop_grain(cpu_loop: str) -> Iterator[None]:
 
 def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = False,
                  cpu_loop: str = "xla", stream_from_samples: int | None = None,
-                 powers: bool = False) -> Case:
+                 powers: bool = False, section_operations: int | None = None) -> Case:
     extra = lookup(x0) if const else sp.Integer(0)
     # `powers`: log, a power of half an odd integer and a power the C loop computes as pow,
     # exp(y log x) inline where |y log x| <= 1 in float64 (c_math.POW_INLINE_UP_TO) and the C
@@ -134,12 +139,17 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
             # samples' four entries: the C loop writes larger outputs past the caches
             size = stream_from_samples * 4 * np.dtype(dtype).itemsize
             patch.setattr(memory, "last_level_cache_bytes", lambda: size)
+        if section_operations is not None:  # a block in sections of at most this many operations
+            patch.setattr(c_printing, "SECTIONS_ABOVE_OPERATIONS", section_operations)
+            patch.setattr(c_printing, "SECTION_OPERATIONS", section_operations)
         kernel = sk.build_function(eqs, [x0, x1], y, params={"a": a, "c": c}, dtype=dtype,
                                    functions=functions,
                                    options=sk.BuildOptions(interpret=interpret, cpu_loop=cpu_loop))
     assert (kernel.form == "interpreted") == interpret, kernel.form
     if powers and cpu_loop == "c":
         assert "sk_pow_core(" in kernel.source and "sqrt(" in kernel.source
+    if section_operations is not None:
+        assert "sk_section_2(" in kernel.source, kernel.source
     if const:
         assert kernel.const_args, "the table is a const arg"
 
@@ -355,7 +365,9 @@ FORMS: dict[str, Callable[[], Case]] = {
     "c-loop-packed": lambda: _packed_case(cpu_loop="c"),
     # outputs from 64 samples on written past the caches (symkern.kernels.c_loop.streams)
     "c-loop-streamed": lambda: _scalar_case(cpu_loop="c", stream_from_samples=64),
-    "c-loop-powers": lambda: _scalar_case(cpu_loop="c", powers=True),
+    # log and powers, its block in sections (symkern.codegen.c_loop.SECTION_OPERATIONS)
+    # of at most 40 operations
+    "c-loop-powers-sections": lambda: _scalar_case(cpu_loop="c", powers=True, section_operations=40),
     # a batch of linear systems: jnp.linalg.solve (what the C solve leaves above
     # SOLVE_UP_TO), and the C solve on both sides of UNROLLED_UP_TO
     "array-solve": lambda: _solve_case(3),
@@ -385,34 +397,51 @@ def _stream(kernel, data, ps):
     return jax.tree_util.tree_map(lambda *parts: np.concatenate(parts), *chunks)
 
 
+def references(case: Case) -> dict[str, Callable[..., Any]]:
+    """The case's reference, its gradient with respect to the first data argument and to the
+    parameters, each one jitted program: a call traces and compiles one program per batch
+    shape, where the reference run op by op compiles each operation at each shape (half of the
+    matrix's compile time)."""
+    if not case.jitted:
+        ref = case.reference
+        case.jitted.update({
+            "value": jax.jit(ref),
+            "grad_data": jax.jit(jax.grad(lambda d, rest, ps: _total(ref(d, *rest, ps)))),
+            "grad_params": jax.jit(jax.grad(lambda ps, data: _total(ref(*data, ps)))),
+        })
+    return case.jitted
+
+
 def run_path(path: str, case: Case, data: tuple, ps: Any) -> tuple[Any, Any]:
-    """(what symkern computed, what the reference computes) along `path`."""
-    k, ref = case.kernel, case.reference
+    """(what symkern computed, what the reference computes) along `path`; a vmapped kernel is
+    compared with the reference of the whole batch."""
+    k, reference = case.kernel, references(case)
+    if path.startswith("grad"):
+        if path == "grad_data":
+            return (jax.grad(lambda d: _total(k(d, *data[1:], ps)))(data[0]),
+                    reference["grad_data"](jnp.asarray(data[0], jnp.float64), data[1:], ps))
+        if path == "grad_params":
+            wide = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float64), ps)
+            return jax.grad(lambda p: _total(k(*data, p)))(ps), reference["grad_params"](wide, data)
+        raise AssertionError(path)
+    want = reference["value"](*data, ps)
     if path == "eager":
-        return k(*data, ps), ref(*data, ps)
+        return k(*data, ps), want
     if path == "jit":
-        return jax.jit(lambda *args: k(*args))(*data, ps), ref(*data, ps)
+        return jax.jit(lambda *args: k(*args))(*data, ps), want
     if path == "vmap":  # over the leading batch axis, parameters shared
-        return (jax.vmap(lambda *d: k(*d, ps))(*data),
-                jax.vmap(lambda *d: ref(*d, ps))(*data))
-    if path == "grad_data":
-        return (jax.grad(lambda d: _total(k(d, *data[1:], ps)))(data[0]),
-                jax.grad(lambda d: _total(ref(d, *data[1:], ps)))(jnp.asarray(data[0], jnp.float64)))
-    if path == "grad_params":
-        wide = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float64), ps)
-        return (jax.grad(lambda p: _total(k(*data, p)))(ps),
-                jax.grad(lambda p: _total(ref(*data, p)))(wide))
+        return jax.vmap(lambda *d: k(*d, ps))(*data), want
     if path == "bind":
-        return k.bind(ps)(*data), ref(*data, ps)
+        return k.bind(ps)(*data), want
     if path == "flat":
-        return k.flat()(*data, k.flatten(ps)), ref(*data, ps)
+        return k.flat()(*data, k.flatten(ps)), want
     if path == "shard":
-        return k.shard()(*data, ps), ref(*data, ps)
+        return k.shard()(*data, ps), want
     if path == "stream":
-        return _stream(k, data, ps), ref(*data, ps)
+        return _stream(k, data, ps), want
     if path == "export":
         loaded = sk.load(k.export(*data, ps), k.const_args)
-        return loaded(*data, ps), ref(*data, ps)
+        return loaded(*data, ps), want
     raise AssertionError(path)
 
 
