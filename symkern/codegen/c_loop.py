@@ -290,12 +290,13 @@ def _number(name: str) -> tuple[str, int]:
 
 
 def _sectioned_block(groups: Sequence[Sequence[_Statement]], data: Sequence[Sequence[sp.Symbol]],
-                  names: dict[sp.Basic, str], n_leaves: int, c_type: str, width: int) -> _Sectioned:
-    """A block computed by one noinline function a group of statements (`sk_section_K`), each its
-    own vectorized loop over the block's samples. A value a later section reads goes through a
-    row of `width` numbers of `V`; a section reads what `loop` computes once a call (parameters,
-    invariant values, parts) from `H`, and the data as a block in one piece does. `names`:
-    every symbol's and part's name."""
+                     names: dict[sp.Basic, str], n_leaves: int, c_type: str,
+                     width: int) -> _Sectioned:
+    """A block computed by one noinline function a group of statements (`sk_section_K`), each
+    its own vectorized loop over the block's samples. A value a later section reads goes
+    through a row of `width` numbers of `V`; a section reads what `loop` computes once a call
+    (parameters, invariant values, parts) from `H`, and the data as a whole block does.
+    `names`: every symbol's and part's name."""
     data_symbols = {s: (a, k) for a, symbols in enumerate(data) for k, s in enumerate(symbols)}
     reads = [set().union(*(item.walk.symbols | set(item.walk.parts) for item in group))
              for group in groups]

@@ -20,6 +20,7 @@ x0, x1, a, c = sp.symbols("x0 x1 a c")
 EQS = {"v": sp.Matrix([sp.sin(x0) * a + x1 ** 2, sp.tanh(x0 * x1) * c]), "s": sp.cos(x1) * a}
 
 
+@jax.jit  # one program a shape (its operations one by one compile each at each shape)
 def hand(X, ps):
     X = jnp.asarray(X, jnp.float64)
     q, r = X[..., 0], X[..., 1]

@@ -43,6 +43,7 @@ def _network(sizes: tuple[int, ...], jacobian: bool = False):
     return (J if jacobian else sp.Matrix(h)), x, params, values
 
 
+@jax.jit  # one program a shape (its operations one by one compile each at each shape)
 def _hand(X, values):
     h = X
     for layer in values.values():

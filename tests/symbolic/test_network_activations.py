@@ -46,11 +46,14 @@ def test_output_jacobian_and_hessian_match_jax(name):
     out = sk.build_nn_function(snn.output, snn, dtype="float64")(X, ps)
     J = sk.build_nn_function(sk.jacobian(snn.output, snn.input), snn, dtype="float64")(X, ps)
     H = sk.build_nn_function(sk.hessian(snn.output[0], snn.input), snn, dtype="float64")(X, ps)
-    np.testing.assert_allclose(out[:, 0], jax.vmap(f)(X), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(J.reshape(9, -1), jax.vmap(jax.grad(f))(X), rtol=1e-13, atol=1e-15)
+    # the references as jitted programs (their operations one by one compile each)
+    np.testing.assert_allclose(out[:, 0], jax.jit(jax.vmap(f))(X), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(J.reshape(9, -1), jax.jit(jax.vmap(jax.grad(f)))(X), rtol=1e-13,
+                               atol=1e-15)
     # at the kink the second derivative jumps (softsign's from -2 to 2): the two sides'
     # conventions differ there (SymPy's sign(0) = 0), so the Hessian is compared off it
-    np.testing.assert_allclose(H[1:], jax.vmap(jax.hessian(f))(X[1:]), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(H[1:], jax.jit(jax.vmap(jax.hessian(f)))(X[1:]), rtol=1e-12,
+                               atol=1e-14)
 
 
 def test_derivatives_of_abs_are_taken_over_the_reals():

@@ -86,10 +86,11 @@ def test_output_jacobian_hessian_gradient_match_jax(net: Chain, seed: int) -> No
 
     n = net.input_dim
     assert_close(got["y"], f(X))
-    assert_close(got["J"], jax.vmap(jax.jacfwd(f))(X).reshape((5, *matrix_shape(m, n))))
-    assert_close(got["H"], jax.vmap(jax.hessian(lambda x: f(x)[m - 1]))(X).reshape(
+    # the references as jitted programs (their operations one by one compile each)
+    assert_close(got["J"], jax.jit(jax.vmap(jax.jacfwd(f)))(X).reshape((5, *matrix_shape(m, n))))
+    assert_close(got["H"], jax.jit(jax.vmap(jax.hessian(lambda x: f(x)[m - 1])))(X).reshape(
         (5, *matrix_shape(n, n))))
-    want = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(ps, X, Y)
+    want = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))(ps, X, Y)
     for name in ps:
         for leaf in ("W", "b"):
             assert_close(got["g"][name][leaf], want[name][leaf])
@@ -283,7 +284,7 @@ def test_elementwise_and_coupled_losses_match_jax_grad(net, seed, loss_name, cou
         return total + ((jnp.sum(h) - jnp.sum(t)) ** 2 if coupled else 0.0)
 
     got = kernel(X, Y, {**ps, "c": 0.7})
-    want = jax.vmap(jax.grad(jax_loss), in_axes=(None, 0, 0))(ps, X, Y)
+    want = jax.jit(jax.vmap(jax.grad(jax_loss), in_axes=(None, 0, 0)))(ps, X, Y)
     for name in ps:
         for leaf in ("W", "b"):
             assert_close(got[name][leaf], want[name][leaf])
