@@ -406,13 +406,15 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
             varying.add(symbol)
     varies = [bool(value.free_symbols & varying) for value in reduced]
     places = [(leaf, size, k) for leaf, size in enumerate(leaf_sizes) for k in range(size)]
+    # the entries that vary: (their index among the entries, their place, their value)
+    varying_entries = [(n, place, value) for n, (place, value, v)
+                       in enumerate(zip(places, reduced, varies, strict=True)) if v]
 
     # what a varying statement holds that no data reaches (a parameter's function, a product
     # of parameters) is computed once a call too, under a name of its own (`h_K`), as `each`
     # computes it: a block then computes none of it, whole or in sections
     walks = {symbol: _walk(value, varying) for symbol, value in shared if symbol in varying}
-    walks.update({k: _walk(value, varying)
-                  for k, (value, v) in enumerate(zip(reduced, varies, strict=True)) if v})
+    walks.update({n: _walk(value, varying) for n, _, value in varying_entries})
     parts: dict[sp.Basic, str] = {}
     for walk in walks.values():
         for part in walk.parts:
@@ -455,8 +457,7 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
         f"const {c_type} {names[symbol]} = {checked.doprint(value)};"
         for symbol, value in shared if symbol in varying] + [
         f"O{leaf}[i * {size} + {k}] = {checked.doprint(value)};"
-        for k_all, ((leaf, size, k), value) in enumerate(zip(places, reduced, strict=True))
-        if varies[k_all]] + [
+        for _, (leaf, size, k), value in varying_entries] + [
         f"O{leaf}[i * {leaf_sizes[leaf]} + {k}] = t{leaf}[{k}];"
         for leaf, cells in invariant.items() for k, _ in cells]
     row_copies, stage_copies = [], []
@@ -475,11 +476,10 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
                         + [f"const {c_type} {names[symbol]} = {inline.doprint(value)};"],
                         walks[symbol], symbol)
              for symbol, value in shared if symbol in varying]
-    items += [_Statement(checks(walks[k_all].calls)
+    items += [_Statement(checks(walks[n].calls)
                          + [f"D{leaf}[j * wo{leaf} + {k}] = {inline.doprint(value)};"],
-                         walks[k_all], None)
-              for k_all, ((leaf, _, k), value) in enumerate(zip(places, reduced, strict=True))
-              if varies[k_all]]
+                         walks[n], None)
+              for n, (leaf, _, k), value in varying_entries]
     rows = ([f"const int64_t wx{a + 1} = sk_opaque({len(symbols)});" for a, symbols in enumerate(data)]
             + [f"const int64_t wo{leaf} = sk_opaque({size});" for leaf, size in enumerate(leaf_sizes)])
     groups = _sections(items)

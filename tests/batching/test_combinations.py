@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,8 +130,10 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
     # `powers`: log, a power of half an odd integer and a power the C loop computes as pow,
     # exp(y log x) inline where |y log x| <= 1 in float64 (c_math.POW_INLINE_UP_TO) and the C
     # library's pow elsewhere: |y log(2 + x1)| reaches 1.9 on the data below
-    more = (sp.log(2 + x0) + (1 + x0 ** 2) ** sp.Rational(3, 2) + (2 + x1) ** y if powers
-            else sp.Integer(0))
+    # and x1*exp(c): a parameter's function inside an entry data reaches, computed once a
+    # call (`h_K`)
+    more = (sp.log(2 + x0) + (1 + x0 ** 2) ** sp.Rational(3, 2) + (2 + x1) ** y
+            + x1 * sp.exp(c) if powers else sp.Integer(0))
     eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
            "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c + more}
     functions = {"lookup": _lookup_jax} if const else None
@@ -148,6 +151,7 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
     assert (kernel.form == "interpreted") == interpret, kernel.form
     if powers and cpu_loop == "c":
         assert "sk_pow_core(" in kernel.source and "sqrt(" in kernel.source
+        assert re.search(r"const double h_\d+ = sk_exp\(p_\d+\);", kernel.source)
     if section_operations is not None:
         assert "sk_section_2(" in kernel.source, kernel.source
     if const:
@@ -160,7 +164,8 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
         return {"v": jnp.stack([jnp.sin(q) * ps["a"] + r * Y + lk, jnp.tanh(q * r),
                                 jnp.cos(Y) * ps["c"]], axis=-1),
                 "s": jnp.cos(q) * ps["a"] * Y - jnp.exp(-r ** 2) * ps["c"]
-                + (jnp.log(2 + q) + (1 + q ** 2) ** 1.5 + (2 + r) ** Y if powers else 0.0)}
+                + (jnp.log(2 + q) + (1 + q ** 2) ** 1.5 + (2 + r) ** Y + r * jnp.exp(ps["c"])
+                   if powers else 0.0)}
 
     cast = np.float32 if dtype == "float32" else np.float64
     return Case(kernel, reference,
