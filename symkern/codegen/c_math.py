@@ -12,11 +12,12 @@ vectorizes with the rest of the block, and a condition (`sk_F_within`) on the ar
     its bits (the biased exponent is the low bits of k + 1.5 * 2^52's significand);
   - log (positive, normal, finite): fdlibm's e_log.c — x = 2^k m, sqrt(2)/2 <= m < sqrt(2),
     taken apart from its bits, log(1 + f) from s = f / (2 + f) and its Remez polynomial;
-  - tanh (|x| <= 354, so that exp(2|x|) is within exp's condition): tanh's Taylor series
-    (18 terms, Bernoulli numbers) for |x| < 0.5, `1 - 2 / (exp(2|x|) + 1)` above it, with the
-    sign of x;
-  - atan (finite): 1/|x| above 1 (pi/2 minus), (t - 1)/(t + 1) above tan(pi/8) (pi/4 plus),
-    then atan's Taylor series to u^43 (|u| <= tan(pi/8));
+  - tanh (not NaN): tanh's Taylor series (18 terms, Bernoulli numbers) for |x| < 0.5,
+    `1 - 2 / (exp(2|x|) + 1)` above it with |x| taken at most `TANH_SATURATES` (where it is 1),
+    with the sign of x;
+  - atan (not NaN; at infinity pi/2, from 1/|x| = 0): 1/|x| above 1 (pi/2 minus),
+    (t - 1)/(t + 1) above tan(pi/8) (pi/4 plus), then atan's Taylor series to u^43
+    (|u| <= tan(pi/8));
   - sin and cos (|x| <= the dtype's `fast_up_to`): symkern.codegen.trig's reduction and
     Cephes' polynomials, as in the XLA program;
   - pow(x, y) (x positive and normal, |y log x| <= `POW_INLINE_UP_TO`: 1 in float64, where
@@ -96,6 +97,11 @@ SK_INLINE {c_type} sk_turned({c_type} x, int quarter_turns) {{
 #: x^(2n-1), n = 2..19; at |x| = 0.5 the first term left out is below 2^-56 of tanh x
 _TANH_SERIES = [float(sp.Integer(2) ** (2 * n) * (2 ** (2 * n) - 1) * sp.bernoulli(2 * n)
                       / sp.factorial(2 * n)) for n in range(2, 20)]
+#: tanh x rounds to 1 in float64 from |x| = 55 ln 2 / 2 = 19.06 on (1 - tanh x < 2^-54, half an
+#: ulp below 1), and 1 - 2 / (exp(2 * 20) + 1) is 1: the inline tanh takes |x| at most this,
+#: so it gives 1 with the sign of x however large x is (infinite too), as the C library does,
+#: and a saturated tanh (a network's, a squashed large value) keeps its block vectorized
+TANH_SATURATES = 20.0
 #: atan u = u + u z (-1/3 + z (1/5 - ...)), z = u^2, up to u^43: at |u| = tan(pi/8) the first
 #: term left out is below 2^-57 of atan u
 _ATAN_SERIES = [(-1) ** k / (2 * k + 1) for k in range(1, 22)]
@@ -154,19 +160,22 @@ SK_INLINE double sk_log_f64(double x) {{
          - ((hfsq - (s * (hfsq + R) + k * {_hex(1.90821492927058770002e-10)})) - f);
 }}
 """,
-    "tanh": f"""// tanh(x) for |x| <= 354: its Taylor series below |x| = 0.5, 1 - 2 / (exp(2|x|) + 1) above
+    "tanh": f"""// tanh(x) for x not NaN: its Taylor series below |x| = 0.5, 1 - 2 / (exp(2|x|) + 1) above,
+// |x| taken at most {TANH_SATURATES:g}, where that is 1, as tanh is
 SK_INLINE double sk_tanh_f64(double x) {{
   const double a = std::fabs(x);
   const double z = x * x;
   const double series = x + x * z * ({_horner(_TANH_SERIES, "z")});
-  const double far = std::copysign(1.0 - 2.0 / (sk_exp_f64(2.0 * a) + 1.0), x);
-  return a < 0.5 ? series : far;
+  const double b = a > {_hex(TANH_SATURATES)} ? {_hex(TANH_SATURATES)} : a;
+  const double far = std::copysign(1.0 - 2.0 / (sk_exp_f64(2.0 * b) + 1.0), x);
+  return a < 0.5 ? std::copysign(series, x) : far;  // -0 too (x z c1 is +0 there)
 }}
 """,
     "pow": """// pow(x, y) = exp(y log x) for a positive normal x and |y log x| within the condition
 SK_INLINE double sk_pow_f64(double x, double y) { return sk_exp_f64(y * sk_log_f64(x)); }
 """,
-    "atan": f"""// atan(x) for a finite x: 1/|x| above 1, (t - 1)/(t + 1) above tan(pi/8), Taylor series
+    "atan": f"""// atan(x) for x not NaN (infinite: 1/|x| is 0): 1/|x| above 1, (t - 1)/(t + 1) above
+// tan(pi/8), Taylor series
 SK_INLINE double sk_atan_f64(double x) {{
   const double a = std::fabs(x);
   const bool inverted = a > 1.0;
@@ -228,8 +237,8 @@ def _table(dtype: str) -> dict[type, Inline]:
         sp.cos: Inline("cos", lambda x: f"std::fabs({x}) <= {fast}", lambda x: f"sk_turned({x}, 1)"),
         sp.exp: Inline("exp", lambda x: f"std::fabs({x}) <= {literal(708)}", through_f64("exp")),
         sp.log: Inline("log", lambda x: positive.format(x=x), through_f64("log")),
-        sp.tanh: Inline("tanh", lambda x: f"std::fabs({x}) <= {literal(354)}", through_f64("tanh")),
-        sp.atan: Inline("atan", lambda x: f"std::fabs({x}) <= {_max(dtype)}", through_f64("atan")),
+        sp.tanh: Inline("tanh", lambda x: f"{x} == {x}", through_f64("tanh")),
+        sp.atan: Inline("atan", lambda x: f"{x} == {x}", through_f64("atan")),
         # pow, for the powers symkern.codegen.c_loop does not write as products and roots
         sp.Pow: Inline("pow", lambda x, y: f"{positive.format(x=x)} & (std::fabs((double){y} * "
                                            f"sk_log_f64((double){x})) <= {_hex(POW_INLINE_UP_TO[dtype])})",
@@ -267,4 +276,4 @@ def inline_source(used: set[type], dtype: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["C_TYPES", "INLINE_FUNCTIONS", "POW_INLINE_UP_TO", "Inline", "inline_source"]
+__all__ = ["C_TYPES", "INLINE_FUNCTIONS", "POW_INLINE_UP_TO", "TANH_SATURATES", "Inline", "inline_source"]

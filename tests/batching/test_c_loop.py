@@ -9,11 +9,13 @@ no C++ compiler, except the refusals that come before the compiler is looked for
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,7 @@ from test_random_expressions import (
 
 import symkern as sk
 from symkern.codegen import c_loop as printing
+from symkern.codegen import c_math
 from symkern.errors import BuildError
 from symkern.kernels import c_loop as loops
 from symkern.kernels import memory
@@ -451,6 +454,62 @@ def test_the_inline_functions_are_within_their_ulps_of_mpmath(dtype):
         assert ulps.max() <= bound, f"{name} at {points[ulps.argmax()]!r}: {ulps.max():.2f} ulps"
 
 
+def _inline_forms(dtype: str, tmp_path: Path) -> Any:
+    """c_math's inline forms of `dtype` alone in a library, each function's condition and core
+    exported as `within_F` and `core_F` (ctypes, one value)."""
+    c_type = c_math.C_TYPES[dtype]
+    names = [f.__name__ for f in c_math.INLINE_FUNCTIONS]
+    exported = "".join(f'extern "C" bool within_{n}({c_type} x) {{ return sk_{n}_within(x); }}\n'
+                       f'extern "C" {c_type} core_{n}({c_type} x) {{ return sk_{n}_core(x); }}\n'
+                       for n in names)
+    source = tmp_path / "forms.cc"
+    source.write_text("#include <cmath>\n#include <cstdint>\n"
+                      "#define SK_INLINE static inline __attribute__((always_inline))\n"
+                      "#define SK_CALLED static __attribute__((noinline))\n"
+                      + c_math.inline_source(set(c_math.INLINE_FUNCTIONS), dtype) + exported)
+    flags = [f for f in loops.FLAGS if f != "-w"]
+    subprocess.run([loops.compiler(), *flags, str(source), "-o", str(tmp_path / "forms.so")],
+                   check=True, capture_output=True)
+    library = ctypes.CDLL(str(tmp_path / "forms.so"))
+    c_value = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    for n in names:
+        getattr(library, f"within_{n}").restype = ctypes.c_bool
+        getattr(library, f"within_{n}").argtypes = [c_value]
+        getattr(library, f"core_{n}").restype = c_value
+        getattr(library, f"core_{n}").argtypes = [c_value]
+    return library
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_saturated_tanh_and_infinite_atan_are_inline_with_the_librarys_bits(dtype, tmp_path):
+    # tanh past TANH_SATURATES and atan at any magnitude are the inline forms' (a saturated
+    # tanh does not send its block sample by sample), with the C library's bits; only NaN is
+    # outside their conditions. -0 keeps its sign.
+    forms = _inline_forms(dtype, tmp_path)
+    big = float(np.finfo(dtype).max)
+    points = [0.0, -0.0, 0.3, -0.49, 0.5, 19.0, 19.1, 20.0, -20.0, 20.5, 354.0, -355.0, 1e4, 1e30,
+              big, -big, np.inf, -np.inf]
+    for name, library in (("tanh", np.tanh), ("atan", np.arctan)):
+        within, core = getattr(forms, f"within_{name}"), getattr(forms, f"core_{name}")
+        assert not within(np.nan)
+        for point in points:
+            value = np.asarray(point, dtype)
+            assert within(float(value)), (name, point)
+            got = np.asarray(core(float(value)), dtype)
+            assert np.signbit(got) == np.signbit(value), (name, point)
+            if abs(point) >= (c_math.TANH_SATURATES if name == "tanh" else 1e17):
+                # past where the value is 1 (tanh) or pi/2 (atan) in both dtypes
+                assert got.tobytes() == library(value).tobytes(), (name, point, got)
+            else:
+                with mpmath.workdps(40):
+                    ulps = _ulps(got[None], value[None], getattr(mpmath, name), dtype)
+                assert ulps.max() <= (0.5 if dtype == "float32" else _INLINE_ULPS[name]), (name, point)
+    # the block's checks: saturated tanh and infinite atan are within, NaN is not
+    table = c_math._table(dtype)
+    assert table[sp.tanh].within("x") == table[sp.atan].within("x") == "x == x"
+
+
 @needs_compiler
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_powers_of_half_odd_integers_are_square_roots_times_integer_powers(dtype):
@@ -491,7 +550,7 @@ def test_a_block_with_an_argument_outside_a_condition_takes_the_library(dtype):
     kernel = sk.build_function(eqs, [x, y], dtype=dtype, options=C)
     xla = sk.build_function(eqs, [x, y], dtype=dtype)
     data = np.random.default_rng(5).uniform(0.5, 3, size=(40, 2)).astype(dtype)
-    # exp's 708, log's zero, tanh's 354, atan's infinity, a NaN
+    # exp's 708, log's zero, a NaN; a saturated tanh and an infinite atan, within theirs
     data[3, 0], data[17, 1], data[25, 0], data[33, 1] = 800.0, 0.0, -400.0, np.nan
     data[38] = (np.inf, 2.0)
     got, want = np.asarray(kernel(data)), np.asarray(xla(data))
