@@ -161,14 +161,15 @@ SK_INLINE double sk_log_f64(double x) {{
 }}
 """,
     "tanh": f"""// tanh(x) for x not NaN: its Taylor series below |x| = 0.5, 1 - 2 / (exp(2|x|) + 1) above,
-// |x| taken at most {TANH_SATURATES:g}, where that is 1, as tanh is
+// |x| taken at most {TANH_SATURATES:g}, where that is 1, as tanh is; of |x|, with the sign of x
+// (-0 too: -0 + -0 z c1 would be +0)
 SK_INLINE double sk_tanh_f64(double x) {{
   const double a = std::fabs(x);
-  const double z = x * x;
-  const double series = x + x * z * ({_horner(_TANH_SERIES, "z")});
+  const double z = a * a;
+  const double series = a + a * z * ({_horner(_TANH_SERIES, "z")});
   const double b = a > {_hex(TANH_SATURATES)} ? {_hex(TANH_SATURATES)} : a;
-  const double far = std::copysign(1.0 - 2.0 / (sk_exp_f64(2.0 * b) + 1.0), x);
-  return a < 0.5 ? std::copysign(series, x) : far;  // -0 too (x z c1 is +0 there)
+  const double far = 1.0 - 2.0 / (sk_exp_f64(2.0 * b) + 1.0);
+  return std::copysign(a < 0.5 ? series : far, x);
 }}
 """,
     "pow": """// pow(x, y) = exp(y log x) for a positive normal x and |y log x| within the condition
