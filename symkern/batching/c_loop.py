@@ -72,8 +72,9 @@ class CLoopProgram(ScalarProgram):
         #: the kernel was built)
         self.grain = loops.GRAIN
         #: the output bytes from which a call writes past the caches (the last-level cache's
-        #: size when the kernel was built, symkern.kernels.c_loop.streams)
-        self.stream_from = memory.last_level_cache_bytes()
+        #: size when the kernel was built, at most 32 MiB: symkern.kernels.memory.
+        #: stream_from_bytes, symkern.kernels.c_loop.streams)
+        self.stream_from = memory.stream_from_bytes()
         self._loop = _differentiated(self._run, program.evaluate)
 
     @property

@@ -128,8 +128,8 @@ def compile_loop(printed: CLoopSource | CSolveSource) -> str:
 def streams(results: Sequence[Any], from_bytes: int) -> bool:
     """Whether the loop writes `results` (shapes and dtypes) past the caches, with
     non-temporal stores: when they are at least `from_bytes` together, the last-level
-    cache's size (`symkern.kernels.memory.last_level_cache_bytes()`) when the kernel was
-    built.
+    cache's size when the kernel was built, at most 32 MiB
+    (`symkern.kernels.memory.stream_from_bytes()`).
 
     Written through the caches, such outputs are evicted before anyone reads them, and every
     line is read from memory before it is written. Measured on nlink-4 in float64 with freed

@@ -127,6 +127,21 @@ def last_level_cache_bytes() -> int:
     return best_size if best_size > 0 else LAST_LEVEL_CACHE_DEFAULT
 
 
+#: the most output bytes the C loop writes through the caches, whatever the last-level
+#: cache's size: a virtual machine's sysfs reports its host's whole cache, shared with the
+#: host's other cores (480 MiB on a 2-core Intel Xeon guest), and there outputs of 32-84 MiB
+#: (nlink-2 and nlink-4 in both dtypes at 100,000 samples) ran 1.6-2.4x faster past the
+#: caches, while nlink-2's 16 MiB in float32 ran 0.75x past them; 32 MiB is also the
+#: last-level cache of the AMD EPYC where the threshold was first measured
+STREAM_FROM_AT_MOST = 32 * 2**20
+
+
+def stream_from_bytes() -> int:
+    """The output bytes of a call from which the C loop writes past the caches: the
+    last-level cache's size (`last_level_cache_bytes`), at most `STREAM_FROM_AT_MOST`."""
+    return min(last_level_cache_bytes(), STREAM_FROM_AT_MOST)
+
+
 @functools.cache
 def huge_page_bytes() -> int:
     """The size of the kernel's transparent huge pages where memory a process advises

@@ -220,6 +220,19 @@ def test_entries_no_data_reaches_are_computed_once_and_copied_into_every_row(dty
             np.testing.assert_array_equal(np.asarray(part[name]), np.asarray(whole[name])[:n])
 
 
+def test_outputs_stream_from_the_last_level_cache_size_at_most_stream_from_at_most(monkeypatch):
+    # a cache below the cap is the threshold; a larger one (a virtual machine's view of its
+    # host's whole cache) is the cap, on both sides of it
+    cap = memory.STREAM_FROM_AT_MOST
+    for cache, threshold in ((8 * 2**20, 8 * 2**20), (cap - 1, cap - 1), (cap, cap),
+                             (cap + 1, cap), (480 * 2**20, cap)):
+        monkeypatch.setattr(memory, "last_level_cache_bytes", lambda cache=cache: cache)
+        assert memory.stream_from_bytes() == threshold
+    if loops.compiler() is not None:  # the kernel takes the threshold when it is built
+        kernel = sk.build_function(sp.Matrix([x * y]), [x, y], options=C)
+        assert kernel.program.stream_from == cap
+
+
 def test_outputs_stream_from_the_last_level_cache_size():
     cache = memory.last_level_cache_bytes()
     below = [jax.ShapeDtypeStruct((cache // 16 - 1, 2), np.float64)]  # 16 bytes a row
