@@ -52,7 +52,7 @@ import sympy as sp
 from sympy.codegen.ast import float32, real
 from sympy.printing.c import C99CodePrinter
 
-from symkern.codegen.c_math import C_TYPES, INLINE_FUNCTIONS, inline_source
+from symkern.codegen.c_math import ATTRIBUTES, C_TYPES, INLINE_FUNCTIONS, inline_source
 from symkern.codegen.linearize import linearize
 from symkern.errors import BuildError
 
@@ -542,13 +542,7 @@ def c_loop_source(entries: Sequence[sp.Basic], data: Sequence[Sequence[sp.Symbol
 #include <immintrin.h>
 #include "xla/ffi/api/ffi.h"
 namespace ffi = xla::ffi;
-// the inline forms are inlined wherever a block calls them, however often: the compiler's
-// own limits leave a long body's calls out of line, and a call keeps its block from being
-// vectorized (a network's 32 tanh calls ran 3.2x slower); the sample-by-sample loop calls
-// one copy of each function (SK_CALLED), which keeps a large body's compile shorter
-#define SK_INLINE static inline __attribute__((always_inline))
-#define SK_CALLED static __attribute__((noinline))
-// a section of a long block: a function of its own, which the compiler optimizes alone
+{ATTRIBUTES}// a section of a long block: a function of its own, which the compiler optimizes alone
 #define SK_SECTION static __attribute__((noinline))
 
 // x**N for an integer N >= 1, by repeated squaring (as XLA's integer_pow), unrolled when compiled

@@ -476,9 +476,7 @@ def _inline_forms(dtype: str, tmp_path: Path) -> Any:
                        f'extern "C" {c_type} core_{n}({c_type} x) {{ return sk_{n}_core(x); }}\n'
                        for n in names)
     source = tmp_path / "forms.cc"
-    source.write_text("#include <cmath>\n#include <cstdint>\n"
-                      "#define SK_INLINE static inline __attribute__((always_inline))\n"
-                      "#define SK_CALLED static __attribute__((noinline))\n"
+    source.write_text("#include <cmath>\n#include <cstdint>\n" + c_math.ATTRIBUTES
                       + c_math.inline_source(set(c_math.INLINE_FUNCTIONS), dtype) + exported)
     flags = [f for f in loops.FLAGS if f != "-w"]
     subprocess.run([loops.compiler(), *flags, str(source), "-o", str(tmp_path / "forms.so")],
