@@ -131,9 +131,9 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
     # exp(y log x) inline where |y log x| <= 1 in float64 (c_math.POW_INLINE_UP_TO) and the C
     # library's pow elsewhere: |y log(2 + x1)| reaches 1.9 on the data below
     # and x1*exp(c): a parameter's function inside an entry data reaches, computed once a
-    # call (`h_K`)
+    # call (`h_K`); tanh(20 x1) on both sides of c_math.TANH_SATURATES (|20 x1| reaches 30)
     more = (sp.log(2 + x0) + (1 + x0 ** 2) ** sp.Rational(3, 2) + (2 + x1) ** y
-            + x1 * sp.exp(c) if powers else sp.Integer(0))
+            + x1 * sp.exp(c) + sp.tanh(20 * x1) if powers else sp.Integer(0))
     eqs = {"v": sp.Matrix([sp.sin(x0) * a + x1 * y + extra, sp.tanh(x0 * x1), sp.cos(y) * c]),
            "s": sp.cos(x0) * a * y - sp.exp(-x1 ** 2) * c + more}
     functions = {"lookup": _lookup_jax} if const else None
@@ -165,7 +165,7 @@ def _scalar_case(dtype: str = "float64", const: bool = False, interpret: bool = 
                                 jnp.cos(Y) * ps["c"]], axis=-1),
                 "s": jnp.cos(q) * ps["a"] * Y - jnp.exp(-r ** 2) * ps["c"]
                 + (jnp.log(2 + q) + (1 + q ** 2) ** 1.5 + (2 + r) ** Y + r * jnp.exp(ps["c"])
-                   if powers else 0.0)}
+                   + jnp.tanh(20 * r) if powers else 0.0)}
 
     cast = np.float32 if dtype == "float32" else np.float64
     return Case(kernel, reference,
